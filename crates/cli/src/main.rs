@@ -1,0 +1,2 @@
+//! The `hearth` command-line tool.
+fn main() {}

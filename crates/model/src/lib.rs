@@ -1,0 +1,2 @@
+//! TODO overview
+#![deny(missing_docs)]
