@@ -1,12 +1,51 @@
 //! GGML block formats, as llama.cpp lays them out.
 //!
-//! Each quantized format is a `#[repr(C)]` block with its size asserted at compile time. For every type
-//! Hearth can compute with there is a scalar dequantizer (bit-exact with llama.cpp's reference), and for
-//! the activation types (Q8_0, Q8_1, Q8_K) a scalar quantizer; every weight type has a reference dot
-//! product against the activation type llama.cpp pairs it with.
+//! Each quantized format is a `#[repr(C)]` block of plain bytes (alignment 1, so any byte slice of the
+//! right length can be viewed as blocks, wherever a row starts in a mmap'd file) with its size asserted
+//! at compile time. For every type Hearth can compute with there is a scalar dequantizer, bit-exact with
+//! the `gguf` Python package (llama.cpp's reference); reference quantizers port ggml's
+//! `quantize_row_*_ref` (the activation types Q8_0 / Q8_1 / Q8_K, and the weight types a model
+//! generator writes); every weight type has a reference dot product against the activation type
+//! llama.cpp pairs it with, ported from `ggml_vec_dot_*_generic`.
+//!
+//! Entry points by type: [`dequantize_row`], [`quantize_row`], [`vec_dot_type`], [`vec_dot`]. The
+//! typed functions and block structs are public too, as the scalar twins of future SIMD kernels.
 
 #![deny(missing_docs)]
+// Index loops mirror ggml's C kernels line by line, which keeps the ports reviewable.
+#![allow(clippy::needless_range_loop)]
+// `usize::is_multiple_of` is newer than the workspace's rust-version (1.80).
+#![allow(clippy::manual_is_multiple_of)]
 
+mod api;
+pub mod block;
+pub mod dot;
+mod error;
+pub mod float;
+pub mod iq4;
+pub mod k_quantize;
+pub mod k_quants;
+pub mod legacy;
 mod types;
 
+pub use api::{
+    can_dequantize, dequantize_row, has_quantizer, has_vec_dot, quantize_row, row_len, vec_dot,
+    vec_dot_type,
+};
+pub use block::{blocks_as_bytes, cast_blocks, cast_blocks_mut, Block};
+pub use dot::*;
+pub use error::QuantError;
+pub use iq4::{dequantize_row_iq4_nl, dequantize_row_iq4_xs, BlockIQ4NL, BlockIQ4XS};
+pub use k_quantize::{quantize_row_q4_k, quantize_row_q5_k, quantize_row_q6_k, quantize_row_q8_k};
+pub use k_quants::{
+    dequantize_row_q2_k, dequantize_row_q3_k, dequantize_row_q4_k, dequantize_row_q5_k,
+    dequantize_row_q6_k, dequantize_row_q8_k, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K,
+    BlockQ8K,
+};
+pub use legacy::{
+    dequantize_row_q4_0, dequantize_row_q4_1, dequantize_row_q5_0, dequantize_row_q5_1,
+    dequantize_row_q8_0, dequantize_row_q8_1, quantize_row_q4_0, quantize_row_q4_1,
+    quantize_row_q5_0, quantize_row_q5_1, quantize_row_q8_0, quantize_row_q8_1, BlockQ4_0,
+    BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1,
+};
 pub use types::{GgmlType, ALL_TYPES};

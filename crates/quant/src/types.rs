@@ -63,7 +63,10 @@ impl GgmlType {
 
     /// The type whose name (as [`GgmlType::name`], case-insensitive) is `name`.
     pub fn from_name(name: &str) -> Option<GgmlType> {
-        ALL_TYPES.iter().copied().find(|t| t.name().eq_ignore_ascii_case(name))
+        ALL_TYPES
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
     }
 
     /// The name as the `gguf` Python package and llama.cpp spell it (`Q4_K`, `F16`, `IQ4_XS`).
