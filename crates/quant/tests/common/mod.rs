@@ -1,0 +1,140 @@
+//! Helpers shared by the integration tests: vector files, hex, the tensor hash, a seeded PRNG and the
+//! fixture paths.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// Lines of a data file under tests/data, without comments and blanks.
+pub fn data_lines(name: &str) -> Vec<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/").to_string() + name;
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Decodes lowercase/uppercase hex.
+pub fn unhex(s: &str) -> Vec<u8> {
+    assert!(s.len() % 2 == 0, "odd hex length");
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// Little-endian f32s from bytes.
+pub fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// The order-sensitive hash of f32 bit patterns that tools/gen_quant_vectors.py writes: the wrapping
+/// sum of `splitmix64_finalize(bits_i ^ (i << 32))`.
+pub fn hash_f32(x: &[f32]) -> u64 {
+    let mut total = 0u64;
+    for (i, v) in x.iter().enumerate() {
+        let mut z = v.to_bits() as u64 ^ ((i as u64) << 32);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        total = total.wrapping_add(z);
+    }
+    total
+}
+
+/// The shared read-only directory (/work/shared), from the crate's manifest.
+pub fn shared_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared"))
+}
+
+/// Path of the real SmolLM2 model (env HEARTH_SMOLLM2 or the repo's .cache default).
+pub fn smollm2_path() -> PathBuf {
+    std::env::var_os("HEARTH_SMOLLM2")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+            ))
+        })
+}
+
+/// Resolves a FILE column of tensors.txt.
+pub fn model_path(label: &str) -> PathBuf {
+    if label == "$HEARTH_SMOLLM2" {
+        smollm2_path()
+    } else {
+        shared_dir().join(label)
+    }
+}
+
+/// One line of tensors.txt.
+#[derive(Debug, Clone)]
+pub struct TensorEntry {
+    pub file: String,
+    pub name: String,
+    pub ty: hearth_quant::GgmlType,
+    pub offset: usize,
+    pub n: usize,
+    pub hash: u64,
+}
+
+pub fn tensor_index() -> Vec<TensorEntry> {
+    data_lines("tensors.txt")
+        .iter()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            assert_eq!(f.len(), 6, "bad line {l}");
+            TensorEntry {
+                file: f[0].to_string(),
+                name: f[1].to_string(),
+                ty: hearth_quant::GgmlType::from_name(f[2]).expect("type"),
+                offset: f[3].parse().unwrap(),
+                n: f[4].parse().unwrap(),
+                hash: u64::from_str_radix(f[5], 16).unwrap(),
+            }
+        })
+        .collect()
+}
+
+/// The bytes of a tensor inside a model file.
+pub fn tensor_bytes<'a>(file: &'a [u8], e: &TensorEntry) -> &'a [u8] {
+    let len = e.ty.row_bytes(e.n as u64).expect("whole blocks") as usize;
+    &file[e.offset..e.offset + len]
+}
+
+/// A small seeded generator (splitmix64) so tests need no extra crates and stay deterministic.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Roughly normal (sum of uniforms), mean 0, sd 1.
+    pub fn normal(&mut self) -> f32 {
+        let s: f32 = (0..12).map(|_| self.uniform()).sum();
+        s - 6.0
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+
+    /// `n` normal values times `scale`.
+    pub fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() * scale).collect()
+    }
+}
