@@ -1,2 +1,37 @@
-//! TODO overview
+//! The model: architectures as data, weights bound onto the mmap, and one decoder for all of them.
+//!
+//! - [`arch`]: the [`ArchSpec`] table (`llama`, `qwen2`, `qwen3`, `qwen3moe`) — the switches that
+//!   tell architectures apart (RoPE style, QKV bias, Q/K norm, dense or routed FFN).
+//! - [`Config`]: hyperparameters from `{arch}.*` metadata, RoPE scaling included.
+//! - [`Model`]: tensors bound by [`TensorRole`], checked up front; every problem reported at once.
+//! - [`Model::forward`]: one pass over a [`Batch`] of tokens from any number of sequences, prefill and
+//!   decode alike, writing the [`KvCache`]; products on quantized weights run on a [`ThreadPool`].
+//!
+//! Batch invariance: a row's logits depend only on its own sequence, never on the rest of the batch,
+//! on how a prompt is chunked or on the thread count.
+
 #![deny(missing_docs)]
+
+pub mod arch;
+mod config;
+mod error;
+mod forward;
+mod kv_cache;
+mod matmul;
+mod model;
+mod names;
+pub mod ops;
+pub mod rope;
+mod threads;
+mod weights;
+
+pub use arch::{arch_spec, ArchSpec, FfnKind, ARCHS};
+pub use config::{Config, MoeConfig};
+pub use error::ModelError;
+pub use forward::{Batch, Scratch, Tap};
+pub use kv_cache::{KvCache, KvType};
+pub use matmul::{matmul, matmul_gather, Group, QuantActs};
+pub use model::Model;
+pub use names::TensorRole;
+pub use threads::ThreadPool;
+pub use weights::{Ffn, Layer, Weight};

@@ -1,0 +1,208 @@
+//! Hyperparameters read from `{arch}.*` metadata.
+
+use hearth_gguf::Metadata;
+
+use crate::arch::{arch_spec, ArchSpec, FfnKind};
+use crate::error::ModelError;
+use crate::rope::{RopeConfig, Yarn};
+
+/// The routed-expert hyperparameters of a MoE model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// Experts per layer (`expert_count`).
+    pub n_expert: usize,
+    /// Experts chosen per token (`expert_used_count`).
+    pub n_expert_used: usize,
+    /// Hidden size of one expert (`expert_feed_forward_length`).
+    pub n_ff_exp: usize,
+    /// Renormalise the chosen experts' weights to sum to 1.
+    pub norm_topk: bool,
+    /// Multiplier applied to the expert weights (`expert_weights_scale`, 1 when absent).
+    pub weights_scale: f32,
+}
+
+/// Everything the decoder needs to know about a model's shape.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The architecture row.
+    pub arch: &'static ArchSpec,
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Hidden size.
+    pub n_embd: usize,
+    /// Dense FFN hidden size (0 for pure-MoE models that leave it out).
+    pub n_ff: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (GQA when fewer than `n_head`).
+    pub n_head_kv: usize,
+    /// Dimension of one query/key head (`key_length`, else `n_embd / n_head`).
+    pub head_dim: usize,
+    /// Dimension of one value head (`value_length`, else `head_dim`).
+    pub head_dim_v: usize,
+    /// Trained context length.
+    pub n_ctx_train: usize,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// Rotary embedding parameters (frequency factors are attached by the loader).
+    pub rope: RopeConfig,
+    /// Vocabulary size (rows of `token_embd`), set by the loader.
+    pub n_vocab: usize,
+    /// Routed experts, for MoE architectures.
+    pub moe: Option<MoeConfig>,
+}
+
+impl Config {
+    /// Reads the hyperparameters of the file's architecture.
+    pub fn from_metadata(meta: &Metadata) -> Result<Config, ModelError> {
+        let arch_name = meta.get_str("general.architecture").ok_or(ModelError::NoArchitecture)?;
+        let arch = arch_spec(arch_name).ok_or_else(|| ModelError::UnsupportedArchitecture(arch_name.to_string()))?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let req_usize = |k: &str| -> Result<usize, ModelError> {
+            let full = key(k);
+            match meta.get_u64(&full) {
+                Some(v) if v > 0 && v <= (1 << 24) => Ok(v as usize),
+                Some(v) => Err(ModelError::Hyperparameter { key: full, detail: Some(format!("{v} is out of range")) }),
+                None => Err(ModelError::Hyperparameter { key: full, detail: None }),
+            }
+        };
+        let opt_usize = |k: &str| -> Result<Option<usize>, ModelError> {
+            if meta.get(&key(k)).is_none() {
+                return Ok(None);
+            }
+            req_usize(k).map(Some)
+        };
+
+        let n_layer = req_usize("block_count")?;
+        let n_embd = req_usize("embedding_length")?;
+        let n_head = req_usize("attention.head_count")?;
+        let n_head_kv = opt_usize("attention.head_count_kv")?.unwrap_or(n_head);
+        if n_head % n_head_kv != 0 {
+            return Err(ModelError::Hyperparameter {
+                key: key("attention.head_count_kv"),
+                detail: Some(format!("{n_head} query heads are not a multiple of {n_head_kv} KV heads")),
+            });
+        }
+        let head_dim = match opt_usize("attention.key_length")? {
+            Some(d) => d,
+            None if n_embd % n_head == 0 => n_embd / n_head,
+            None => {
+                return Err(ModelError::Hyperparameter {
+                    key: key("attention.key_length"),
+                    detail: Some(format!("absent and {n_embd} is not a multiple of {n_head} heads")),
+                })
+            }
+        };
+        let head_dim_v = opt_usize("attention.value_length")?.unwrap_or(head_dim);
+        let n_ff = match arch.ffn {
+            FfnKind::Dense => req_usize("feed_forward_length")?,
+            FfnKind::Moe => opt_usize("feed_forward_length")?.unwrap_or(0),
+        };
+        let n_ctx_train = opt_usize("context_length")?.unwrap_or(4096);
+        let rms_eps = meta.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5);
+        if !(rms_eps.is_finite() && rms_eps >= 0.0) {
+            return Err(ModelError::Hyperparameter { key: key("attention.layer_norm_rms_epsilon"), detail: Some(format!("{rms_eps}")) });
+        }
+
+        let n_rot = opt_usize("rope.dimension_count")?.unwrap_or(head_dim);
+        if n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(ModelError::Hyperparameter {
+                key: key("rope.dimension_count"),
+                detail: Some(format!("{n_rot} must be even and at most the head dimension {head_dim}")),
+            });
+        }
+        let freq_base = meta.get_f32(&key("rope.freq_base")).unwrap_or(10000.0);
+        if !(freq_base.is_finite() && freq_base > 1.0) {
+            return Err(ModelError::Hyperparameter { key: key("rope.freq_base"), detail: Some(format!("{freq_base}")) });
+        }
+        let scaling = meta.get_str(&key("rope.scaling.type")).unwrap_or("none");
+        let factor = meta
+            .get_f32(&key("rope.scaling.factor"))
+            .or_else(|| meta.get_f32(&key("rope.scale_linear")))
+            .unwrap_or(1.0);
+        let factor_ok = factor.is_finite() && factor > 0.0;
+        let (freq_scale, yarn) = match scaling {
+            "none" => (1.0, None),
+            "linear" if factor_ok => (1.0 / factor, None),
+            "yarn" if factor_ok => {
+                let n_ctx_orig = opt_usize("rope.scaling.original_context_length")?.unwrap_or(n_ctx_train) as u32;
+                // llama.cpp (llama-context.cpp) sets attn_factor = get_mscale(factor) * 1/(1 + 0.1 ln factor)
+                // so that rope_yarn's own magnitude correction is applied once; kept in f32 as there.
+                let mscale = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
+                let attn_factor = mscale * (1.0 / (1.0 + 0.1 * factor.ln()));
+                let attn_factor = attn_factor * meta.get_f32(&key("rope.scaling.attn_factor")).unwrap_or(1.0);
+                (
+                    1.0 / factor,
+                    Some(Yarn {
+                        ext_factor: 1.0,
+                        attn_factor,
+                        beta_fast: meta.get_f32(&key("rope.scaling.yarn_beta_fast")).unwrap_or(32.0),
+                        beta_slow: meta.get_f32(&key("rope.scaling.yarn_beta_slow")).unwrap_or(1.0),
+                        n_ctx_orig,
+                    }),
+                )
+            }
+            "linear" | "yarn" => {
+                return Err(ModelError::Hyperparameter { key: key("rope.scaling.factor"), detail: Some(format!("{factor}")) })
+            }
+            other => {
+                return Err(ModelError::Hyperparameter {
+                    key: key("rope.scaling.type"),
+                    detail: Some(format!("unsupported RoPE scaling '{other}' (supported: none, linear, yarn)")),
+                })
+            }
+        };
+
+        let moe = match arch.ffn {
+            FfnKind::Dense => None,
+            FfnKind::Moe => {
+                let n_expert = req_usize("expert_count")?;
+                let n_expert_used = req_usize("expert_used_count")?;
+                if n_expert_used > n_expert {
+                    return Err(ModelError::Hyperparameter {
+                        key: key("expert_used_count"),
+                        detail: Some(format!("{n_expert_used} is more than expert_count {n_expert}")),
+                    });
+                }
+                Some(MoeConfig {
+                    n_expert,
+                    n_expert_used,
+                    n_ff_exp: req_usize("expert_feed_forward_length")?,
+                    norm_topk: meta.get_bool(&key("expert_weights_norm")).unwrap_or(arch.moe_norm_topk),
+                    weights_scale: meta.get_f32(&key("expert_weights_scale")).filter(|s| *s != 0.0).unwrap_or(1.0),
+                })
+            }
+        };
+
+        Ok(Config {
+            arch,
+            n_layer,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim,
+            head_dim_v,
+            n_ctx_train,
+            rms_eps,
+            rope: RopeConfig { style: arch.rope, n_rot, freq_base, freq_scale, yarn, freq_factors: None },
+            n_vocab: 0,
+            moe,
+        })
+    }
+
+    /// Width of all query heads together.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Width of all key heads together (one token's K row in the cache).
+    pub fn k_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// Width of all value heads together.
+    pub fn v_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim_v
+    }
+}

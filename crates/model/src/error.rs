@@ -1,0 +1,39 @@
+//! Errors of model loading and running.
+
+use hearth_quant::GgmlType;
+
+/// Why a model could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The GGUF file itself is invalid.
+    #[error(transparent)]
+    Gguf(#[from] hearth_gguf::GgufError),
+    /// `general.architecture` is missing.
+    #[error("the file has no general.architecture")]
+    NoArchitecture,
+    /// An architecture Hearth does not implement (refusing to guess).
+    #[error("unsupported architecture '{0}' (supported: llama, qwen2, qwen3, qwen3moe)")]
+    UnsupportedArchitecture(String),
+    /// A required hyperparameter is missing or has the wrong type.
+    #[error("missing or invalid hyperparameter '{key}'{}", .detail.as_ref().map(|d| format!(": {d}")).unwrap_or_default())]
+    Hyperparameter {
+        /// The metadata key.
+        key: String,
+        /// What was wrong, when more than absence.
+        detail: Option<String>,
+    },
+    /// Some tensors are missing, mis-shaped or of an unusable type; every problem is listed.
+    #[error("the model's tensors do not match its architecture:\n  {}", .0.join("\n  "))]
+    Tensors(Vec<String>),
+    /// A tensor type Hearth cannot compute with.
+    #[error("tensor '{name}' has type {ty}, which Hearth does not support")]
+    UnsupportedType {
+        /// Tensor name.
+        name: String,
+        /// Its type.
+        ty: GgmlType,
+    },
+    /// A batch that does not fit the buffers or the KV cache.
+    #[error("invalid batch: {0}")]
+    Batch(String),
+}

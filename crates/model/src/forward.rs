@@ -1,0 +1,444 @@
+//! The one forward pass: every architecture, prefill and decode alike, over a batch of tokens that may
+//! belong to different sequences.
+//!
+//! A batch row's result depends only on its own sequence (its token, position and KV cache): products
+//! reduce each output element in a fixed order, attention reads only the row's own sequence, and the
+//! routed FFN computes each (token, expert) pair independently of how tokens are grouped.
+
+use half::f16;
+use hearth_quant::{dequantize_row, vec_dot_type};
+
+use crate::error::ModelError;
+use crate::kv_cache::{KvCache, KvType, Rows};
+use crate::matmul::{matmul, matmul_gather, Group, QuantActs};
+use crate::model::Model;
+use crate::ops::{add_assign, rms_norm, rms_norm_into, softmax, swiglu};
+use crate::threads::{SharedMut, ThreadPool};
+use crate::weights::{Ffn, Layer, Weight};
+
+/// Tokens to run, with where each one goes.
+pub struct Batch<'a> {
+    /// Token ids `[T]`.
+    pub tokens: &'a [u32],
+    /// Position of each token in its sequence `[T]`.
+    pub pos: &'a [usize],
+    /// Sequence slot of each token in the KV cache `[T]`.
+    pub seq: &'a [usize],
+    /// Whether to compute logits after each token `[T]`.
+    pub logits: &'a [bool],
+}
+
+/// Receives named intermediate tensors (llama.cpp's names: `attn_norm-0`, `Qcur-0`, `l_out-1`, …),
+/// for `hearth trace`. `data` is `[rows, cols]` row-major: `rows` tokens of `cols` values.
+pub trait Tap {
+    /// One intermediate tensor.
+    fn tensor(&mut self, name: &str, layer: Option<usize>, data: &[f32], rows: usize, cols: usize);
+    /// The experts chosen for each token of an MoE layer (`[T, k]`) with their weights.
+    fn experts(&mut self, _layer: usize, _selected: &[u32], _weights: &[f32], _k: usize) {}
+}
+
+/// Buffers of the forward pass, sized once for a maximum batch.
+pub struct Scratch {
+    max_tokens: usize,
+    x: Vec<f32>,      // [T, n_embd] residual stream
+    xn: Vec<f32>,     // [T, n_embd] normed input of the current sublayer
+    q: Vec<f32>,      // [T, n_head * head_dim]
+    k: Vec<f32>,      // [T, n_head_kv * head_dim]
+    v: Vec<f32>,      // [T, n_head_kv * head_dim_v]
+    attn: Vec<f32>,   // [T, n_head * head_dim_v]
+    proj: Vec<f32>,   // [T, n_embd] output of attn_output / ffn_down
+    ffn_a: Vec<f32>,  // [T * max(1, k), max(n_ff, n_ff_exp)] gate, then SwiGLU
+    ffn_b: Vec<f32>,  // [T * max(1, k), max(n_ff, n_ff_exp)] up
+    moe_out: Vec<f32>, // [T * k, n_embd] each (token, expert) pair's down projection
+    router: Vec<f32>, // [T, n_expert]
+    sel: Vec<u32>,    // [T, k] chosen experts, by descending probability
+    sel_w: Vec<f32>,  // [T, k] their weights
+    pair_tok: Vec<u32>, // [T * k] token of each pair, grouped by expert
+    pair_id: Vec<u32>,  // [T * k] pair index (t * k + slot), grouped by expert
+    groups: Vec<Group>, // [n_expert]
+    cos: Vec<f32>,    // [T, n_rot / 2]
+    sin: Vec<f32>,    // [T, n_rot / 2]
+    acts: QuantActs,
+    out_rows: Vec<usize>, // [T] batch rows whose logits are wanted
+    logits: Vec<f32>, // [T, n_vocab]
+}
+
+impl Scratch {
+    /// Buffers for batches of up to `max_tokens` tokens.
+    pub fn new(model: &Model, max_tokens: usize) -> Scratch {
+        let c = &model.config;
+        let t = max_tokens.max(1);
+        let (k, n_expert, n_ff_exp) = c.moe.as_ref().map_or((1, 0, 0), |m| (m.n_expert_used, m.n_expert, m.n_ff_exp));
+        let ff = c.n_ff.max(n_ff_exp);
+        let widest = [c.n_embd, c.q_dim(), c.n_head * c.head_dim_v, ff].into_iter().max().unwrap_or(0);
+        Scratch {
+            max_tokens: t,
+            x: vec![0.0; t * c.n_embd],
+            xn: vec![0.0; t * c.n_embd],
+            q: vec![0.0; t * c.q_dim()],
+            k: vec![0.0; t * c.k_dim()],
+            v: vec![0.0; t * c.v_dim()],
+            attn: vec![0.0; t * c.n_head * c.head_dim_v],
+            proj: vec![0.0; t * c.n_embd],
+            ffn_a: vec![0.0; t * k * ff],
+            ffn_b: vec![0.0; t * k * ff],
+            moe_out: vec![0.0; if n_expert > 0 { t * k * c.n_embd } else { 0 }],
+            router: vec![0.0; t * n_expert],
+            sel: vec![0; t * k],
+            sel_w: vec![0.0; t * k],
+            pair_tok: vec![0; t * k],
+            pair_id: vec![0; t * k],
+            groups: Vec::with_capacity(n_expert),
+            cos: vec![0.0; t * c.rope.n_rot / 2],
+            sin: vec![0.0; t * c.rope.n_rot / 2],
+            acts: QuantActs::with_capacity(t * k, widest),
+            out_rows: Vec::with_capacity(t),
+            logits: vec![0.0; t * c.n_vocab],
+        }
+    }
+
+    /// The largest batch these buffers hold.
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+}
+
+/// Quantizes `x` for `w` unless `acts` already holds it in `w`'s activation type.
+fn prepare(acts: &mut QuantActs, fresh: &mut bool, w: &Weight, x: &[f32], n: usize) {
+    if !*fresh || acts.ty() != vec_dot_type(w.ty) {
+        acts.quantize(w.ty, x, n, w.cols, w.cols);
+        *fresh = true;
+    }
+}
+
+impl Model {
+    /// Runs one batch: writes its K/V into `kv` and returns the logits `[n_out, n_vocab]` of the rows
+    /// whose `batch.logits` is set, in batch order.
+    pub fn forward<'s>(
+        &self,
+        pool: &ThreadPool,
+        kv: &mut KvCache,
+        s: &'s mut Scratch,
+        batch: &Batch,
+        mut tap: Option<&mut dyn Tap>,
+    ) -> Result<&'s [f32], ModelError> {
+        let c = &self.config;
+        let n = batch.tokens.len();
+        self.check_batch(kv, s, batch)?;
+        let (d, half) = (c.n_embd, c.rope.n_rot / 2);
+
+        for (t, &tok) in batch.tokens.iter().enumerate() {
+            let row = self.tok_embd.row(0, tok as usize);
+            dequantize_row(self.tok_embd.ty, row, &mut s.x[t * d..(t + 1) * d]).expect("checked at load");
+            c.rope.cos_sin(batch.pos[t], &mut s.cos[t * half..(t + 1) * half], &mut s.sin[t * half..(t + 1) * half]);
+        }
+
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.attention_block(pool, kv, s, batch, l, layer, &mut tap);
+            self.ffn_block(pool, s, n, l, layer, &mut tap);
+        }
+
+        s.out_rows.clear();
+        s.out_rows.extend((0..n).filter(|&t| batch.logits[t]));
+        let n_out = s.out_rows.len();
+        for (i, &t) in s.out_rows.iter().enumerate() {
+            rms_norm_into(&mut s.xn[i * d..(i + 1) * d], &s.x[t * d..(t + 1) * d], &self.output_norm, c.rms_eps);
+        }
+        if let Some(tap) = tap.as_deref_mut() {
+            tap.tensor("result_norm", None, &s.xn[..n_out * d], n_out, d);
+        }
+        let head = self.lm_head();
+        s.acts.quantize(head.ty, &s.xn, n_out, d, d);
+        matmul(pool, head, &s.acts, n_out, &mut s.logits, c.n_vocab);
+        let logits = &s.logits[..n_out * c.n_vocab];
+        if let Some(tap) = tap.as_deref_mut() {
+            tap.tensor("result_output", None, logits, n_out, c.n_vocab);
+        }
+        Ok(logits)
+    }
+
+    fn check_batch(&self, kv: &KvCache, s: &Scratch, b: &Batch) -> Result<(), ModelError> {
+        let n = b.tokens.len();
+        if n == 0 || b.pos.len() != n || b.seq.len() != n || b.logits.len() != n {
+            return Err(ModelError::Batch(format!(
+                "{n} tokens with {} positions, {} sequence ids and {} logit flags",
+                b.pos.len(),
+                b.seq.len(),
+                b.logits.len()
+            )));
+        }
+        if n > s.max_tokens {
+            return Err(ModelError::Batch(format!("{n} tokens exceed the batch capacity {}", s.max_tokens)));
+        }
+        for t in 0..n {
+            if b.tokens[t] as usize >= self.config.n_vocab {
+                return Err(ModelError::Batch(format!("token id {} is outside the vocabulary of {}", b.tokens[t], self.config.n_vocab)));
+            }
+            if b.seq[t] >= kv.n_seq() || b.pos[t] >= kv.n_ctx() {
+                return Err(ModelError::Batch(format!(
+                    "sequence {} position {} is outside the KV cache ({} sequences of {} positions)",
+                    b.seq[t],
+                    b.pos[t],
+                    kv.n_seq(),
+                    kv.n_ctx()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention_block(&self, pool: &ThreadPool, kv: &mut KvCache, s: &mut Scratch, b: &Batch, l: usize, layer: &Layer, tap: &mut Option<&mut dyn Tap>) {
+        let c = &self.config;
+        let n = b.tokens.len();
+        let d = c.n_embd;
+        let (qd, kd, vd, hd) = (c.q_dim(), c.k_dim(), c.v_dim(), c.head_dim);
+        for t in 0..n {
+            rms_norm_into(&mut s.xn[t * d..(t + 1) * d], &s.x[t * d..(t + 1) * d], &layer.attn_norm, c.rms_eps);
+        }
+        emit(tap, "attn_norm", l, &s.xn, n, d);
+
+        let mut fresh = false;
+        prepare(&mut s.acts, &mut fresh, &layer.wq, &s.xn, n);
+        matmul(pool, &layer.wq, &s.acts, n, &mut s.q, qd);
+        prepare(&mut s.acts, &mut fresh, &layer.wk, &s.xn, n);
+        matmul(pool, &layer.wk, &s.acts, n, &mut s.k, kd);
+        prepare(&mut s.acts, &mut fresh, &layer.wv, &s.xn, n);
+        matmul(pool, &layer.wv, &s.acts, n, &mut s.v, vd);
+        for (buf, bias, width) in [(&mut s.q, &layer.bq, qd), (&mut s.k, &layer.bk, kd), (&mut s.v, &layer.bv, vd)] {
+            if let Some(bias) = bias {
+                buf[..n * width].chunks_exact_mut(width).for_each(|row| add_assign(row, bias));
+            }
+        }
+        emit(tap, "Qcur", l, &s.q, n, qd);
+        emit(tap, "Kcur", l, &s.k, n, kd);
+        emit(tap, "Vcur", l, &s.v, n, vd);
+
+        // Qwen3: per-head RMSNorm of Q and K before RoPE, as HF Qwen3Attention.
+        if let Some(w) = &layer.q_norm {
+            s.q[..n * qd].chunks_exact_mut(hd).for_each(|h| rms_norm(h, w, c.rms_eps));
+            emit(tap, "Qcur_normed", l, &s.q, n, qd);
+        }
+        if let Some(w) = &layer.k_norm {
+            s.k[..n * kd].chunks_exact_mut(hd).for_each(|h| rms_norm(h, w, c.rms_eps));
+            emit(tap, "Kcur_normed", l, &s.k, n, kd);
+        }
+        let half = c.rope.n_rot / 2;
+        for t in 0..n {
+            let (cos, sin) = (&s.cos[t * half..(t + 1) * half], &s.sin[t * half..(t + 1) * half]);
+            s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd).for_each(|h| c.rope.rotate(h, cos, sin));
+            s.k[t * kd..(t + 1) * kd].chunks_exact_mut(hd).for_each(|h| c.rope.rotate(h, cos, sin));
+        }
+        emit(tap, "Qcur", l, &s.q, n, qd);
+        emit(tap, "Kcur", l, &s.k, n, kd);
+
+        for t in 0..n {
+            kv.store(b.seq[t], l, b.pos[t], &s.k[t * kd..(t + 1) * kd], &s.v[t * vd..(t + 1) * vd]);
+        }
+        attend(pool, c, kv, s, b, l);
+        let od = c.n_head * c.head_dim_v;
+        emit(tap, "kqv_out", l, &s.attn, n, od);
+
+        s.acts.quantize(layer.wo.ty, &s.attn, n, od, od);
+        matmul(pool, &layer.wo, &s.acts, n, &mut s.proj, d);
+        emit(tap, "attn_out", l, &s.proj, n, d);
+        for t in 0..n {
+            add_assign(&mut s.x[t * d..(t + 1) * d], &s.proj[t * d..(t + 1) * d]);
+        }
+        emit(tap, "ffn_inp", l, &s.x, n, d);
+    }
+
+    fn ffn_block(&self, pool: &ThreadPool, s: &mut Scratch, n: usize, l: usize, layer: &Layer, tap: &mut Option<&mut dyn Tap>) {
+        let c = &self.config;
+        let d = c.n_embd;
+        for t in 0..n {
+            rms_norm_into(&mut s.xn[t * d..(t + 1) * d], &s.x[t * d..(t + 1) * d], &layer.ffn_norm, c.rms_eps);
+        }
+        emit(tap, "ffn_norm", l, &s.xn, n, d);
+        match &layer.ffn {
+            Ffn::Dense { gate, up, down } => {
+                let ff = gate.rows;
+                let mut fresh = false;
+                prepare(&mut s.acts, &mut fresh, gate, &s.xn, n);
+                matmul(pool, gate, &s.acts, n, &mut s.ffn_a, ff);
+                prepare(&mut s.acts, &mut fresh, up, &s.xn, n);
+                matmul(pool, up, &s.acts, n, &mut s.ffn_b, ff);
+                swiglu(&mut s.ffn_a[..n * ff], &s.ffn_b[..n * ff]);
+                s.acts.quantize(down.ty, &s.ffn_a, n, ff, ff);
+                matmul(pool, down, &s.acts, n, &mut s.proj, d);
+            }
+            Ffn::Moe { gate_inp, gate_exps, up_exps, down_exps } => {
+                self.moe(pool, s, n, l, [gate_inp, gate_exps, up_exps, down_exps], tap);
+            }
+        }
+        emit(tap, "ffn_out", l, &s.proj, n, d);
+        for t in 0..n {
+            add_assign(&mut s.x[t * d..(t + 1) * d], &s.proj[t * d..(t + 1) * d]);
+        }
+        emit(tap, "l_out", l, &s.x, n, d);
+    }
+
+    /// The routed FFN: softmax router, top-k, renormalised weights, each chosen expert's SwiGLU run once
+    /// over all the batch's tokens routed to it, then the weighted sum in slot order (as llama.cpp's
+    /// `build_moe_ffn`). Writes `s.proj`.
+    fn moe(&self, pool: &ThreadPool, s: &mut Scratch, n: usize, l: usize, w: [&Weight; 4], tap: &mut Option<&mut dyn Tap>) {
+        let [gate_inp, gate_exps, up_exps, down_exps] = w;
+        let c = &self.config;
+        let m = c.moe.as_ref().expect("MoE layers have a MoE config");
+        let (d, ne, k, ff) = (c.n_embd, m.n_expert, m.n_expert_used, m.n_ff_exp);
+
+        s.acts.quantize(gate_inp.ty, &s.xn, n, d, d);
+        matmul(pool, gate_inp, &s.acts, n, &mut s.router, ne);
+        emit(tap, "ffn_moe_logits", l, &s.router, n, ne);
+        for t in 0..n {
+            let probs = &mut s.router[t * ne..(t + 1) * ne];
+            softmax(probs);
+            // Top-k by descending probability; ties go to the lower expert id.
+            let sel = &mut s.sel[t * k..(t + 1) * k];
+            let mut filled = 0;
+            for e in 0..ne as u32 {
+                let p = probs[e as usize];
+                let mut i = filled.min(k);
+                while i > 0 && probs[sel[i - 1] as usize] < p {
+                    if i < k {
+                        sel[i] = sel[i - 1];
+                    }
+                    i -= 1;
+                }
+                if i < k {
+                    sel[i] = e;
+                    filled = (filled + 1).min(k);
+                }
+            }
+            let wts = &mut s.sel_w[t * k..(t + 1) * k];
+            for (wt, &e) in wts.iter_mut().zip(sel.iter()) {
+                *wt = probs[e as usize];
+            }
+            if m.norm_topk {
+                let sum = wts.iter().map(|&x| x as f64).sum::<f64>() as f32;
+                wts.iter_mut().for_each(|x| *x /= sum);
+            }
+            if m.weights_scale != 1.0 {
+                wts.iter_mut().for_each(|x| *x *= m.weights_scale);
+            }
+        }
+        emit(tap, "ffn_moe_probs", l, &s.router, n, ne);
+        emit(tap, "ffn_moe_weights_norm", l, &s.sel_w, n, k);
+        if let Some(tap) = tap.as_deref_mut() {
+            tap.experts(l, &s.sel[..n * k], &s.sel_w[..n * k], k);
+        }
+
+        // Group the (token, slot) pairs by expert so each chosen expert runs once over all its tokens.
+        s.groups.clear();
+        let mut at = 0;
+        for e in 0..ne as u32 {
+            let start = at;
+            for p in 0..n * k {
+                if s.sel[p] == e {
+                    s.pair_tok[at] = (p / k) as u32;
+                    s.pair_id[at] = p as u32;
+                    at += 1;
+                }
+            }
+            if at > start {
+                s.groups.push(Group { mat: e as usize, start, n: at - start });
+            }
+        }
+
+        let mut fresh = false;
+        prepare(&mut s.acts, &mut fresh, gate_exps, &s.xn, n);
+        matmul_gather(pool, gate_exps, &s.acts, &s.groups, Some(&s.pair_tok), Some(&s.pair_id), &mut s.ffn_a, ff);
+        prepare(&mut s.acts, &mut fresh, up_exps, &s.xn, n);
+        matmul_gather(pool, up_exps, &s.acts, &s.groups, Some(&s.pair_tok), Some(&s.pair_id), &mut s.ffn_b, ff);
+        swiglu(&mut s.ffn_a[..n * k * ff], &s.ffn_b[..n * k * ff]);
+        s.acts.quantize(down_exps.ty, &s.ffn_a, n * k, ff, ff);
+        matmul_gather(pool, down_exps, &s.acts, &s.groups, Some(&s.pair_id), Some(&s.pair_id), &mut s.moe_out, d);
+
+        for t in 0..n {
+            let out = &mut s.proj[t * d..(t + 1) * d];
+            for slot in 0..k {
+                let wt = s.sel_w[t * k + slot];
+                let e_out = &s.moe_out[(t * k + slot) * d..(t * k + slot + 1) * d];
+                if slot == 0 {
+                    out.iter_mut().zip(e_out).for_each(|(o, v)| *o = v * wt);
+                } else {
+                    out.iter_mut().zip(e_out).for_each(|(o, v)| *o += v * wt);
+                }
+            }
+        }
+    }
+}
+
+fn emit(tap: &mut Option<&mut dyn Tap>, name: &str, layer: usize, data: &[f32], rows: usize, cols: usize) {
+    if let Some(tap) = tap.as_deref_mut() {
+        tap.tensor(name, Some(layer), &data[..rows * cols], rows, cols);
+    }
+}
+
+/// Causal grouped-query attention of every batch row over its own sequence's cache, one task per
+/// (token, head), with an online softmax over positions `0..=pos` in order.
+fn attend(pool: &ThreadPool, c: &crate::config::Config, kv: &KvCache, s: &mut Scratch, b: &Batch, l: usize) {
+    let n = b.tokens.len();
+    let (hd, hdv, qd, kd, vd) = (c.head_dim, c.head_dim_v, c.q_dim(), c.k_dim(), c.v_dim());
+    let group = c.n_head / c.n_head_kv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let round_q = kv.ty() == KvType::F16;
+    let q = &s.q;
+    let od = c.n_head * hdv;
+    let out = SharedMut::new(&mut s.attn[..n * od]);
+    pool.run(n * c.n_head, &|task| {
+        let (t, h) = (task / c.n_head, task % c.n_head);
+        let kvh = h / group;
+        let len = b.pos[t] + 1;
+        let mut qh = [0f32; 512];
+        let qh = &mut qh[..hd];
+        qh.copy_from_slice(&q[t * qd + h * hd..t * qd + (h + 1) * hd]);
+        if round_q {
+            // llama.cpp converts Q to the cache's type before the K·Q products.
+            qh.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
+        }
+        // SAFETY: each (token, head) output slice is written by exactly one task.
+        let o = unsafe { out.slice(t * od + h * hdv, hdv) };
+        o.fill(0.0);
+        let (mut mx, mut sum) = (f32::NEG_INFINITY, 0f32);
+        let keys = kv.keys(b.seq[t], l, len);
+        let vals = kv.values(b.seq[t], l, len);
+        for j in 0..len {
+            let score = match &keys {
+                Rows::F16(k) => dot_f16(qh, &k[j * kd + kvh * hd..j * kd + (kvh + 1) * hd]),
+                Rows::F32(k) => dot_f32(qh, &k[j * kd + kvh * hd..j * kd + (kvh + 1) * hd]),
+            } * scale;
+            let (ms, vs) = if score > mx {
+                let ms = (mx - score).exp();
+                mx = score;
+                (ms, 1.0)
+            } else {
+                (1.0, (score - mx).exp())
+            };
+            if ms != 1.0 {
+                o.iter_mut().for_each(|x| *x *= ms);
+            }
+            sum = sum * ms + vs;
+            match &vals {
+                Rows::F16(v) => {
+                    let v = &v[j * vd + kvh * hdv..j * vd + (kvh + 1) * hdv];
+                    o.iter_mut().zip(v).for_each(|(x, v)| *x += v.to_f32() * vs);
+                }
+                Rows::F32(v) => {
+                    let v = &v[j * vd + kvh * hdv..j * vd + (kvh + 1) * hdv];
+                    o.iter_mut().zip(v).for_each(|(x, v)| *x += v * vs);
+                }
+            }
+        }
+        let inv = 1.0 / sum;
+        o.iter_mut().for_each(|x| *x *= inv);
+    });
+}
+
+fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum()
+}
+
+fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}

@@ -1,0 +1,118 @@
+//! Matrix products on quantized weights.
+//!
+//! Activations are quantized once per product to the type llama.cpp pairs with the weight type
+//! (`vec_dot_type`: Q8_0, Q8_1, Q8_K, F16, BF16 or F32), then every output element is one
+//! `vec_dot` of a weight row with an activation row. Rows are split across threads, never the
+//! reduction: an element's value does not depend on the thread count, the batch or the tiling.
+
+use hearth_quant::{quantize_row, vec_dot, vec_dot_type, GgmlType};
+
+use crate::threads::{SharedMut, ThreadPool};
+use crate::weights::Weight;
+
+/// Activations quantized to one type: `n_rows` rows of `row_bytes` bytes.
+pub struct QuantActs {
+    ty: GgmlType,
+    cols: usize,
+    row_bytes: usize,
+    n_rows: usize,
+    data: Vec<u8>, // [n_rows, row_bytes], capacity sized once
+}
+
+impl QuantActs {
+    /// An empty buffer with room for `max_rows` rows of `max_cols` elements of any type.
+    pub fn with_capacity(max_rows: usize, max_cols: usize) -> QuantActs {
+        // F32 is the widest activation type (4 bytes per element).
+        QuantActs { ty: GgmlType::F32, cols: 0, row_bytes: 0, n_rows: 0, data: Vec::with_capacity(max_rows * max_cols * 4) }
+    }
+
+    /// The type the rows are quantized to.
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Quantizes `n_rows` rows of `cols` floats from `x` (row stride `stride`) for products with `w_ty` weights.
+    pub fn quantize(&mut self, w_ty: GgmlType, x: &[f32], n_rows: usize, cols: usize, stride: usize) {
+        let ty = vec_dot_type(w_ty);
+        let row_bytes = ty.row_bytes(cols as u64).expect("weight shapes were checked at load") as usize;
+        self.ty = ty;
+        self.cols = cols;
+        self.row_bytes = row_bytes;
+        self.n_rows = n_rows;
+        self.data.clear();
+        self.data.resize(n_rows * row_bytes, 0);
+        for r in 0..n_rows {
+            let dst = &mut self.data[r * row_bytes..(r + 1) * row_bytes];
+            quantize_row(ty, &x[r * stride..r * stride + cols], dst).expect("activation types have quantizers");
+        }
+    }
+
+    /// Row `r`.
+    #[inline]
+    pub fn row(&self, r: usize) -> &[u8] {
+        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Rows held.
+    pub fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+}
+
+/// One group of a gathered product: matrix `mat` of a stacked weight applied to the rows
+/// `start..start + n` of the row lists given to [`matmul_gather`].
+#[derive(Clone, Copy, Debug)]
+pub struct Group {
+    /// Which matrix of a stacked weight (0 for plain weights).
+    pub mat: usize,
+    /// First entry of the group in the row lists.
+    pub start: usize,
+    /// Number of rows in the group.
+    pub n: usize,
+}
+
+/// Output rows computed per task: enough to amortise a task, small enough to balance the threads.
+const ROWS_PER_TASK: usize = 16;
+
+/// For every group and every entry `i` of it, and every weight row `r`:
+/// `out[out_rows[i]][r] = w[mat].row(r) · acts[act_rows[i]]` (a missing list is the identity).
+/// `out` has row stride `out_stride`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_gather(
+    pool: &ThreadPool,
+    w: &Weight,
+    acts: &QuantActs,
+    groups: &[Group],
+    act_rows: Option<&[u32]>,
+    out_rows: Option<&[u32]>,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    debug_assert_eq!(acts.ty, vec_dot_type(w.ty));
+    debug_assert_eq!(acts.cols, w.cols);
+    let chunks = w.rows.div_ceil(ROWS_PER_TASK);
+    let n_tasks = groups.len() * chunks;
+    let out_len = out.len();
+    let out_ptr = SharedMut::new(out);
+    pool.run(n_tasks, &|task| {
+        let g = &groups[task / chunks];
+        let r0 = (task % chunks) * ROWS_PER_TASK;
+        let r1 = (r0 + ROWS_PER_TASK).min(w.rows);
+        for r in r0..r1 {
+            let wrow = w.row(g.mat, r);
+            for idx in g.start..g.start + g.n {
+                let a = act_rows.map_or(idx, |rows| rows[idx] as usize);
+                let o = out_rows.map_or(idx, |rows| rows[idx] as usize);
+                let at = o * out_stride + r;
+                assert!(at < out_len);
+                // SAFETY: each (output row, weight row) pair is written by exactly one task.
+                unsafe { *out_ptr.ptr().add(at) = vec_dot(w.ty, w.cols, wrow, acts.row(a)) };
+            }
+        }
+    });
+}
+
+/// `out[t][r] = w.row(r) · acts[t]` for the first `n` activation rows: a plain dense product.
+pub fn matmul(pool: &ThreadPool, w: &Weight, acts: &QuantActs, n: usize, out: &mut [f32], out_stride: usize) {
+    matmul_gather(pool, w, acts, &[Group { mat: 0, start: 0, n }], None, None, out, out_stride);
+}
