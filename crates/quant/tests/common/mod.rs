@@ -17,7 +17,7 @@ pub fn data_lines(name: &str) -> Vec<String> {
 
 /// Decodes lowercase/uppercase hex.
 pub fn unhex(s: &str) -> Vec<u8> {
-    assert!(s.len() % 2 == 0, "odd hex length");
+    assert!(s.len() & 1 == 0, "odd hex length");
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
@@ -136,5 +136,63 @@ impl Rng {
     /// `n` normal values times `scale`.
     pub fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.normal() * scale).collect()
+    }
+}
+
+/// Byte offsets of the f16 scale fields in a block of `ty` (Q8_K's f32 scale is at 0).
+pub fn f16_fields(ty: hearth_quant::GgmlType) -> &'static [usize] {
+    use hearth_quant::GgmlType::*;
+    match ty {
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS => &[0],
+        Q4_1 | Q5_1 | Q8_1 | Q4_K | Q5_K => &[0, 2],
+        Q2_K => &[80, 82],
+        Q3_K => &[108],
+        Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// A random but valid row of `n` elements of `ty`: random bytes with sane finite scales (and for the
+/// plain float types, random finite values).
+pub fn random_row(rng: &mut Rng, ty: hearth_quant::GgmlType, n: usize) -> Vec<u8> {
+    use hearth_quant::GgmlType::*;
+    match ty {
+        F32 => rng
+            .normals(n, 1.0)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        F16 => rng
+            .normals(n, 1.0)
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        BF16 => rng
+            .normals(n, 1.0)
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect(),
+        _ => {
+            let bs = ty.type_size();
+            let mut row = rng.bytes(n / ty.block_size() * bs);
+            for block in row.chunks_exact_mut(bs) {
+                for &off in f16_fields(ty) {
+                    let v = half::f16::from_f32(rng.normal() * 0.01);
+                    block[off..off + 2].copy_from_slice(&v.to_le_bytes());
+                }
+                if ty == Q8_K {
+                    block[0..4].copy_from_slice(&(rng.normal() * 0.01).to_le_bytes());
+                    // keep bsums consistent with the quants, as a real Q8_K row has them
+                    for j in 0..16 {
+                        let s: i32 = block[4 + 16 * j..4 + 16 * j + 16]
+                            .iter()
+                            .map(|&q| q as i8 as i32)
+                            .sum();
+                        block[260 + 2 * j..262 + 2 * j].copy_from_slice(&(s as i16).to_le_bytes());
+                    }
+                }
+            }
+            row
+        }
     }
 }
