@@ -1,0 +1,1 @@
+//! Conversion of a Hugging Face `tokenizer.json` into `tokenizer.ggml.*` metadata.
