@@ -1,6 +1,22 @@
 //! Plain float rows: F32, F16 and BF16, all little-endian, read from unaligned bytes.
 
-use crate::block::{f16_to_f32, f32_to_f16};
+use crate::block::f32_to_f16;
+use half::slice::HalfFloatSliceExt;
+
+/// Elements converted per chunk: halves are gathered from unaligned bytes into an aligned stack
+/// buffer, then widened by `half`'s slice conversion (F16C when the CPU has it, exact either way).
+const CHUNK: usize = 64;
+
+/// Widens `src.len() / 2` little-endian halves (at most [`CHUNK`]) into `out`.
+#[inline]
+fn f16_chunk_to_f32(src: &[u8], out: &mut [f32]) {
+    let mut h = [half::f16::ZERO; CHUNK];
+    let h = &mut h[..out.len()];
+    for (d, c) in h.iter_mut().zip(src.chunks_exact(2)) {
+        *d = half::f16::from_bits(u16::from_le_bytes([c[0], c[1]]));
+    }
+    h.convert_to_f32_slice(out);
+}
 
 /// BF16 bits to f32: the 16 bits are the top half of the f32.
 #[inline]
@@ -30,8 +46,8 @@ pub fn dequantize_row_f32(src: &[u8], out: &mut [f32]) {
 /// F16 row bytes (2 per element) to f32 (exact).
 pub fn dequantize_row_f16(src: &[u8], out: &mut [f32]) {
     assert_eq!(src.len(), out.len() * 2, "F16 row length");
-    for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-        *o = f16_to_f32([c[0], c[1]]);
+    for (o, c) in out.chunks_mut(CHUNK).zip(src.chunks(2 * CHUNK)) {
+        f16_chunk_to_f32(c, o);
     }
 }
 
@@ -83,8 +99,14 @@ pub fn vec_dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
 pub fn vec_dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
     assert!(w.len() == n * 2 && a.len() == n * 2, "F16 dot lengths");
     let mut sum = 0.0f64;
-    for (x, y) in w.chunks_exact(2).zip(a.chunks_exact(2)) {
-        sum += (f16_to_f32([x[0], x[1]]) * f16_to_f32([y[0], y[1]])) as f64;
+    let (mut xf, mut yf) = ([0f32; CHUNK], [0f32; CHUNK]);
+    for (x, y) in w.chunks(2 * CHUNK).zip(a.chunks(2 * CHUNK)) {
+        let m = x.len() / 2;
+        f16_chunk_to_f32(x, &mut xf[..m]);
+        f16_chunk_to_f32(y, &mut yf[..m]);
+        for (p, q) in xf[..m].iter().zip(&yf[..m]) {
+            sum += (p * q) as f64;
+        }
     }
     sum as f32
 }
