@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Generate Hearth's Hugging Face tokenizer vectors for the Qwen3 tokenizer.
+
+Writes crates/tokenizer/testdata/tokenizer/qwen3_hf.jsonl: a header line
+{"meta": {...}} and then one {"s": text, "ids": [...]} per string, where ids are what the
+Hugging Face `tokenizers` package gives for Tokenizer.from_file(tokenizer.json).encode(s,
+add_special_tokens=False). The strings are varied (code, CJK, emoji, whitespace runs, digits,
+contractions, special-token look-alikes, mixed scripts, random code points), NFC-normalized (the
+GGUF carries no normalizer, so only NFC strings are comparable) and generated from a fixed seed, so
+the file is reproducible:
+
+    .venv/bin/python tools/gen_tokenizer_vectors.py
+
+The Rust test (crates/tokenizer/tests/tokenizer_hf.rs) converts the same tokenizer.json with
+hearth_tokenizer::hf and checks every string, plus decode(encode(s)) == s.
+"""
+
+import json
+import random
+import sys
+import unicodedata
+from pathlib import Path
+
+import tokenizers
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENIZER = ROOT / ".." / "shared" / "tokenizers" / "qwen3" / "tokenizer.json"
+OUT = ROOT / "crates" / "tokenizer" / "testdata" / "tokenizer" / "qwen3_hf.jsonl"
+SEED = 20261129
+N_STRINGS = 2400
+
+WORDS = (
+    "the quick brown fox jumps over lazy dog tokenizer model weights layer attention "
+    "hello world python rust llama qwen parity golden vector matrix kernel thread cache "
+    "Beautiful is better than ugly Explicit implicit Simple complex Although practicality "
+    "beats purity errors should never pass silently unless explicitly silenced"
+).split()
+CONTRACTIONS = [
+    "I'm", "you're", "they've", "she'll", "he'd", "it's", "don't", "can't", "won't",
+    "y'all", "we'RE", "I'M", "YOU'LL", "he'D", "'s", "'t", "'re", "'ve", "'m", "'ll", "'d",
+    "'S", "'T", "rock'n'roll", "o'clock", "'quoted'", "''", "'", "l'homme", "aujourd'hui",
+]
+CODE = [
+    "def f(x):\n    return x * 2\n",
+    "for (int i = 0; i < n; ++i) {\n\tsum += a[i];\n}\n",
+    "fn main() {\n    println!(\"{}\", 1 + 2);\n}\n",
+    "const x = await fetch(`/api/${id}`);\n",
+    "if a != b && c >= d || !e { return Err(e)?; }",
+    "SELECT * FROM users WHERE id = 42;\n",
+    "#include <stdio.h>\nint main(void) { return 0; }\n",
+    "x = [i**2 for i in range(10) if i % 2 == 0]",
+    "    \n        \n\t\t\n",
+    "<div class=\"a\">&nbsp;</div>",
+    "a_b__c___d ---- ==== ++++ //// \\\\\\ ||| ::: ;;;",
+    "{\"key\": [1, 2.5, -3e10, null, true]}",
+    "$ cargo test -p hearth-tokenizer -- --nocapture",
+    "/* comment */ // line comment\n# shell comment",
+]
+CJK = [
+    "我想在apple工作1314151天～", "你好，世界！", "日本語のテキストです。", "한국어 문장입니다.",
+    "東京タワーとスカイツリー", "中文、English混合。", "这是一个测试：tokenizer。", "カタカナとひらがな",
+    "漢字かな交じり文", "서울특별시 강남구", "「引用」『二重』【括弧】", "ｆｕｌｌｗｉｄｔｈ　ＡＢＣ１２３",
+]
+EMOJI = [
+    "🦙", "🚀", "😁", "😶‍🌫️", "👩‍👩‍👧‍👦", "🇫🇷", "🇯🇵", "👍🏽", "❤️", "✅", "⭐", "🎉🎉🎉",
+    "🏳️‍🌈", "🤖", "🧪", "☕", "1️⃣", "©️", "🔥💯", "🙈🙉🙊",
+]
+SCRIPTS = [
+    "нещо на Български", "Привет, мир!", "Ελληνικά γράμματα", "مرحبا بالعالم", "שלום עולם",
+    "नमस्ते दुनिया", "สวัสดีชาวโลก", "កាន់តែពិសេសអាចខលចេញ", "Cửa Việt", "Äpfel Über Straße",
+    "façade naïve résumé", "ąčęėįšųūž", "Ærøskøbing", "İstanbul ılık", "ǅ ǈ ǋ", "ﬁ ﬂ ﬃ",
+    "გამარჯობა", "Բարեւ", "ሰላም", "ᚠᛇᚻ", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "𝟘𝟙𝟚", "Ⅻ ⅷ ↉", "²³¹ ½ ¾",
+]
+SPECIALS = [
+    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>",
+    "</tool_call>", "<tool_response>", "</tool_response>", "<|fim_prefix|>", "<|fim_middle|>",
+    "<|fim_suffix|>", "<|vision_start|>", "<|box_end|>", "<|im_end", "im_end|>", "<|im_end |>",
+    "< |im_end|>", "<|IM_END|>", "<||>", "<|>", "<think", "think>", "</think", "<<think>>",
+    "<|im_start|>user\n", "<|im_start|>assistant\n<think>\n\n</think>\n\n",
+]
+WHITESPACE = [" ", "  ", "   ", "\n", "\n\n", "\t", "\r\n", " \n", "\n ", "\t\t", "    ", "\u00a0",
+              "\u3000", "\u2009", "\u200b", "\u2028", "\r", "\f", "\v", "\u0085", "\u202f"]
+PUNCT = list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") + ["…", "—", "–", "«", "»", "“", "”", "‘", "’",
+                                                      "¿", "¡", "•", "·", "§", "¶", "†", "€", "£", "¥", "₿", "°", "±", "×", "÷", "∑", "∞", "≠", "≤"]
+# Blocks random code points are drawn from (all assigned long ago, so every Unicode version agrees).
+BLOCKS = [(0x20, 0x7E), (0xA0, 0x24F), (0x370, 0x3FF), (0x400, 0x4FF), (0x590, 0x5FF), (0x600, 0x6FF),
+          (0x900, 0x97F), (0xE00, 0xE7F), (0x1E00, 0x1EFF), (0x2000, 0x206F), (0x20A0, 0x20BF),
+          (0x2100, 0x214F), (0x2190, 0x21FF), (0x2200, 0x22FF), (0x2500, 0x257F), (0x3000, 0x303F),
+          (0x3040, 0x30FF), (0x4E00, 0x9FFF), (0xAC00, 0xD7A3), (0xFF00, 0xFFEF), (0x1F300, 0x1F5FF),
+          (0x1F600, 0x1F64F), (0x0300, 0x036F)]
+
+
+def digits(r):
+    k = r.randrange(6)
+    if k == 0:
+        return str(r.randrange(10 ** r.randrange(1, 16)))
+    if k == 1:
+        return f"{r.uniform(-1e6, 1e6):.{r.randrange(0, 6)}f}"
+    if k == 2:
+        return f"{r.randrange(1900, 2100)}-{r.randrange(1, 13):02d}-{r.randrange(1, 29):02d}"
+    if k == 3:
+        return "+1 (555) " + str(r.randrange(100, 999)) + "-" + str(r.randrange(1000, 9999))
+    if k == 4:
+        return "3" * r.randrange(1, 12)
+    return "v" + ".".join(str(r.randrange(20)) for _ in range(3))
+
+
+def random_cpts(r, n):
+    out = []
+    while len(out) < n:
+        lo, hi = r.choice(BLOCKS)
+        c = chr(r.randrange(lo, hi + 1))
+        if unicodedata.category(c) in ("Cn", "Cs", "Co"):
+            continue
+        out.append(c)
+    return "".join(out)
+
+
+def piece(r):
+    k = r.randrange(11)
+    if k == 0:
+        return r.choice(WORDS)
+    if k == 1:
+        return r.choice(CONTRACTIONS)
+    if k == 2:
+        return r.choice(CODE)
+    if k == 3:
+        return r.choice(CJK)
+    if k == 4:
+        return r.choice(EMOJI)
+    if k == 5:
+        return r.choice(SCRIPTS)
+    if k == 6:
+        return r.choice(SPECIALS)
+    if k == 7:
+        return "".join(r.choice(WHITESPACE) for _ in range(r.randrange(1, 6)))
+    if k == 8:
+        return digits(r)
+    if k == 9:
+        return "".join(r.choice(PUNCT) for _ in range(r.randrange(1, 5)))
+    return random_cpts(r, r.randrange(1, 8))
+
+
+def make_string(r, i):
+    # A few fixed shapes first, then random mixtures.
+    n = r.randrange(1, 9)
+    parts = []
+    for _ in range(n):
+        parts.append(piece(r))
+        if r.random() < 0.6:
+            parts.append(r.choice([" ", " ", " ", "", "\n", "  ", "\t"]))
+    s = "".join(parts)
+    if i % 97 == 0:
+        s = " " * r.randrange(1, 40) + s + " " * r.randrange(0, 40)
+    if i % 101 == 0:
+        s = "\n" * r.randrange(1, 10) + s
+    return unicodedata.normalize("NFC", s)
+
+
+def main():
+    tok = tokenizers.Tokenizer.from_file(str(TOKENIZER))
+    r = random.Random(SEED)
+    seen = set()
+    fixed = ["", " ", "  ", "\n", "\n\n\n", "Hello world", " Hello world", "Hello, y'all!", "3333333",
+             "<|im_start|>user\nhi<|im_end|>\n", "<think>\n\n</think>\n\n", "\u00a0\u00a0x", "a\u0301",
+             "🦙🦙🦙", "x" * 300, "😀" * 50, " " * 100, "\t\n" * 30]
+    strings = []
+    for s in fixed:
+        s = unicodedata.normalize("NFC", s)
+        if s not in seen:
+            seen.add(s)
+            strings.append(s)
+    i = 0
+    while len(strings) < N_STRINGS:
+        s = make_string(r, i)
+        i += 1
+        if s in seen:
+            continue
+        seen.add(s)
+        strings.append(s)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    with OUT.open("w", encoding="utf-8") as f:
+        meta = {"tokenizer": "../shared/tokenizers/qwen3/tokenizer.json", "tokenizers": tokenizers.__version__,
+                "seed": SEED, "count": len(strings), "add_special_tokens": False}
+        f.write(json.dumps({"meta": meta}, ensure_ascii=False) + "\n")
+        for s in strings:
+            ids = tok.encode(s, add_special_tokens=False).ids
+            f.write(json.dumps({"s": s, "ids": ids}, ensure_ascii=False, separators=(",", ":")) + "\n")
+    print(f"wrote {len(strings)} strings to {OUT} ({OUT.stat().st_size} bytes)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
