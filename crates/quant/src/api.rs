@@ -2,7 +2,7 @@
 
 use crate::block::{cast_blocks, cast_blocks_mut, Block};
 use crate::error::QuantError;
-use crate::{dot, float, iq4, k_quantize, k_quants as k, legacy as l, GgmlType};
+use crate::{dot, float, iq4, iq4_quantize, k_quantize, k_quants as k, legacy as l, GgmlType};
 
 /// Whether [`dequantize_row`] handles `ty`.
 pub fn can_dequantize(ty: GgmlType) -> bool {
@@ -33,7 +33,20 @@ pub fn has_quantizer(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q4_K | Q5_K | Q6_K | Q8_K
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q8_1
+            | Q4_K
+            | Q5_K
+            | Q6_K
+            | Q8_K
+            | IQ4_NL
+            | IQ4_XS
     )
 }
 
@@ -143,6 +156,8 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         Q5_K => k_quantize::quantize_row_q5_k(src, blocks_mut(dst)),
         Q6_K => k_quantize::quantize_row_q6_k(src, blocks_mut(dst)),
         Q8_K => k_quantize::quantize_row_q8_k(src, blocks_mut(dst)),
+        IQ4_NL => iq4_quantize::quantize_row_iq4_nl(src, blocks_mut(dst)),
+        IQ4_XS => iq4_quantize::quantize_row_iq4_xs(src, blocks_mut(dst)),
         _ => unreachable!("has_quantizer covers the arms above"),
     }
     Ok(())

@@ -23,6 +23,7 @@ pub mod dot;
 mod error;
 pub mod float;
 pub mod iq4;
+pub mod iq4_quantize;
 pub mod k_quantize;
 pub mod k_quants;
 pub mod legacy;
@@ -36,6 +37,7 @@ pub use block::{blocks_as_bytes, cast_blocks, cast_blocks_mut, Block};
 pub use dot::*;
 pub use error::QuantError;
 pub use iq4::{dequantize_row_iq4_nl, dequantize_row_iq4_xs, BlockIQ4NL, BlockIQ4XS};
+pub use iq4_quantize::{quantize_row_iq4_nl, quantize_row_iq4_xs};
 pub use k_quantize::{quantize_row_q4_k, quantize_row_q5_k, quantize_row_q6_k, quantize_row_q8_k};
 pub use k_quants::{
     dequantize_row_q2_k, dequantize_row_q3_k, dequantize_row_q4_k, dequantize_row_q5_k,

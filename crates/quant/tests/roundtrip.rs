@@ -97,6 +97,8 @@ fn rmse_within_format_bounds() {
         (GgmlType::Q4_K, 0.08),
         (GgmlType::Q5_K, 0.042),
         (GgmlType::Q6_K, 0.021),
+        (GgmlType::IQ4_NL, 0.085),
+        (GgmlType::IQ4_XS, 0.085),
         (GgmlType::F16, 0.0005),
         (GgmlType::BF16, 0.003),
         (GgmlType::F32, 0.0),
