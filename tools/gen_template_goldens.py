@@ -387,6 +387,19 @@ FEATURE_TEMPLATES = [
     ("bos_eos", "{{ bos_token }}{{ messages[0].content.strip() }}{{ eos_token }}"),
     ("content_parts", "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}|{% endfor %}"),
     ("in_operator", "{{ 'think' in messages[1].content }} {{ 'zzz' in messages[1].content }} {{ 'k' in messages[0].map }} {{ 'it\\'s' in messages[0].list }}"),
+    ("join_values", "{{ [1, none, true, 'a', 1.5e-7, [1]] | join(',') }}|{{ messages | map(attribute='role') | join }}"),
+    ("number_tests", "{{ true is number }} {{ 1 is integer }} {{ true is integer }} {{ 1.0 is integer }} {{ 'a' is number }} {{ 1.5 is float }} {{ none is mapping }} {{ messages[0] is mapping }}"),
+    ("map_methods", "{{ messages[0].map.get('k') }} {{ messages[0].map.get('zz', 'dflt') }} {{ messages[0].map.get('zz') }} {{ messages[0].map.keys() | list }} {{ messages[0].map.values() | list }} {{ messages[0]['role'] }}"),
+    ("str_edge", "[{{ '\\x1f x \\x1f'.strip() }}][{{ 'hello'[::-1] }}][{{ 'h\u00e9llo'[1:3] }}][{{ messages[0].list[-2:] }}][{{ ['\\u00a0', '\u00e9', '\\x85', '\\t'] }}][{{ 'a b'.rsplit(' ', 1) }}]"),
+    ("numeric_filters", "{{ 3.7 | int }} {{ '5' | int + 1 }} {{ 2 | float }} {{ 3.14159 | round(2) }} {{ 2.5 | round }} {{ -3 | abs }} {{ 10 % 3 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 1 / 3 }} {{ 2 ** 0.5 }} {{ 7 / 7 }}"),
+    ("default_filter", "[{{ messages[0].missing | default('d') }}][{{ none | default('d') }}][{{ none | default('d', true) }}][{{ '' | default('e', true) }}][{{ nope | length }}]"),
+    ("comparisons", "{{ none == none }} {{ 1 == 1.0 }} {{ 'a' < 'b' }} {{ [1, 2] == [1, 2] }} {{ messages[0].flag is true }} {{ not messages[0].none }} {{ 'a' in ['a'] }} {{ (messages | last).role }} {{ messages | first | length }}"),
+    ("loop_extras", "{% for m in messages %}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.cycle('x', 'y') }}|{% endfor %}{% for x in [] %}never{% else %}empty{% endfor %}"),
+    ("format_filter", "{{ '%s - %d' | format('a', 3) }}|{{ messages | tojson(indent=2) | length }}"),
+    # `~` uses MiniJinja's own spelling, which matches Python's for these operands (not for floats
+    # in exponent form or containers: the module documentation lists that difference).
+    ("concat_operator", "{{ 'a' ~ true ~ none ~ 1.5 ~ 42 ~ messages[0].missing ~ messages[0].flag }}"),
+    ("round_filter", "{{ 2.5 | round }} {{ 3.5 | round }} {{ -2.5 | round }} {{ 0.125 | round(2) }} {{ 0.375 | round(2) }} {{ 2.675 | round(2) }} {{ 5 | round }} {{ 2.1 | round(0, 'ceil') }} {{ 2.9 | round(method='floor') }} {{ 1234.5 | round(-2) }}"),
     ("filters_misc", "{{ messages | length }} {{ messages[0].content | length }} {{ messages | map(attribute='role') | join(', ') }} {{ messages[0].list | join('/') }} {{ messages | selectattr('role', 'equalto', 'user') | list | length }} {{ 'x' * 3 }} {{ messages[0].list[1:3] }} {{ messages[0].content[2:7] }} {{ [3, 1, 2] | sort }} {{ 'abc' | upper }} {{ messages[0].map | length }} {{ 'a' ~ 1 ~ 'b' }} {{ messages[-1].role }}"),
 ]
 

@@ -14,22 +14,25 @@
 //! * `tojson` is CPython's `json.dumps` with transformers' options — see `json`;
 //! * Python string methods (`.strip()`, `.split(sep)[-1]`, `.startswith()`...) come from
 //!   `minijinja_contrib::pycompat`, with the ones whose results differ from Python redone in `pystr`;
-//! * `|items` and `|trim` follow jinja2 (a non-mapping is an error; Python's whitespace set).
+//! * `|string`, `|items`, `|trim`, `|join`, `|round`, `|length` and the `iterable` / `sequence` /
+//!   `number` tests follow jinja2 — see `filters`.
 //!
-//! A known remaining difference: the `~` operator and `+` on strings use MiniJinja's spelling of
-//! non-string operands (`'a' ~ true` is `atrue`, jinja2 says `aTrue`); the templates in use apply
-//! `|string` first.
+//! A known remaining difference: the `~` operator converts its operands with MiniJinja's spelling,
+//! which agrees with Python's for strings, ints, bools, none and plain floats but not for floats in
+//! exponent form (`1e-07`) or lists and maps (`["a"]` where Python says `['a']`); the templates in
+//! use apply `|string` or `|tojson` to such values first.
 //!
 //! Templates come from model files and command lines, so rendering is bounded: every render has an
 //! instruction budget ("fuel", so `{% for i in range(10**9) %}` or runaway recursion ends in an
 //! error instead of a hang), recursion is capped, and output beyond a size limit is an error.
 
 mod clock;
+mod filters;
 mod json;
 mod pyrepr;
 mod pystr;
 
-use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::value::{Value, ValueKind};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
 use std::borrow::Cow;
 use std::io;
@@ -255,9 +258,13 @@ fn environment(limits: &Limits) -> Environment<'static> {
     env.set_unknown_method_callback(pystr::method_callback);
 
     env.add_filter("tojson", json::tojson);
-    env.add_filter("string", filter_string);
-    env.add_filter("items", filter_items);
-    env.add_filter("trim", filter_trim);
+    env.add_filter("string", filters::string);
+    env.add_filter("items", filters::items);
+    env.add_filter("trim", filters::trim);
+    env.add_filter("join", filters::join);
+    env.add_filter("round", filters::round);
+    env.add_filter("length", filters::length);
+    env.add_filter("count", filters::length);
     // jinja2's tests are Python's protocols: a string is a sequence, none is not iterable, a bool
     // is a number. MiniJinja answers these three differently.
     env.add_test("iterable", |v: &Value| {
@@ -288,43 +295,6 @@ fn environment(limits: &Limits) -> Environment<'static> {
         clock::DateTime::now_utc().strftime(format)
     });
     env
-}
-
-/// `|string`: Python `str()`. A string passes through unchanged (keeping a safe string safe).
-fn filter_string(value: &Value) -> Result<Value, Error> {
-    if value.kind() == ValueKind::String {
-        Ok(value.clone())
-    } else {
-        Ok(Value::from(pyrepr::py_str(value)?))
-    }
-}
-
-/// `|items` as jinja2's `do_items`: undefined gives nothing, a mapping its pairs, anything else is
-/// an error ("Can only get item pairs from a mapping.").
-fn filter_items(value: &Value) -> Result<Value, Error> {
-    match value.kind() {
-        ValueKind::Undefined => Ok(Value::from(Vec::<Value>::new())),
-        ValueKind::Map => {
-            let mut pairs = Vec::new();
-            for key in value.try_iter()? {
-                let item = value.get_item(&key)?;
-                pairs.push(Value::from(vec![key, item]));
-            }
-            Ok(Value::from(pairs))
-        }
-        kind => Err(Error::new(
-            ErrorKind::InvalidOperation,
-            format!("Can only get item pairs from a mapping, not {kind}"),
-        )),
-    }
-}
-
-/// `|trim(chars=None)`: Python `str(value).strip(chars)`.
-fn filter_trim(value: &Value, chars: Option<&str>, kwargs: Kwargs) -> Result<Value, Error> {
-    let chars = chars.or(kwargs.get::<Option<&str>>("chars")?);
-    kwargs.assert_all_used()?;
-    let s = pyrepr::py_str(value)?;
-    Ok(Value::from(pystr::py_strip(&s, chars, true, true)))
 }
 
 /// Marks an error as coming from the template's own `raise_exception`.

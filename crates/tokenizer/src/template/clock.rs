@@ -99,10 +99,9 @@ impl DateTime {
         let mut chars = format.chars();
         let weekday = WEEKDAYS[self.weekday as usize % 7];
         let month = MONTHS[(self.month as usize + 11) % 12];
-        let hour12 = if self.hour % 12 == 0 {
-            12
-        } else {
-            self.hour % 12
+        let hour12 = match self.hour % 12 {
+            0 => 12,
+            h => h,
         };
         while let Some(c) = chars.next() {
             if c != '%' {
@@ -171,7 +170,7 @@ impl DateTime {
                 ),
                 'Z' => write!(out, "UTC"),
                 'z' => write!(out, "+0000"),
-                'n' => write!(out, "\n"),
+                'n' => writeln!(out),
                 't' => write!(out, "\t"),
                 '%' => write!(out, "%"),
                 other => write!(out, "%{other}"),
