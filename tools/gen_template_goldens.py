@@ -359,7 +359,8 @@ def conversations():
 FEATURE_INPUT = {
     "messages": [
         {"role": "user", "content": "  Hello, Wörld!  \n", "n": 3, "f": 1.5e-7, "flag": True, "none": None,
-         "list": ["a", "it's", 'say "hi"', 1, 2.0, None, False], "map": {"k": "v", "n": 1, "x": [True]}},
+         "list": ["a", "it's", 'say "hi"', 1, 2.0, None, False], "map": {"k": "v", "n": 1, "x": [True]},
+         "odd": "\u00ad\u200b\u2028\ue000\U000e0001\u0378 \u3000\U0001f980\u0301\x7f\x85"},
         {"role": "assistant", "content": "a<think>b</think>c\n\nd"},
     ],
 }
@@ -390,6 +391,7 @@ FEATURE_TEMPLATES = [
     ("join_values", "{{ [1, none, true, 'a', 1.5e-7, [1]] | join(',') }}|{{ messages | map(attribute='role') | join }}"),
     ("number_tests", "{{ true is number }} {{ 1 is integer }} {{ true is integer }} {{ 1.0 is integer }} {{ 'a' is number }} {{ 1.5 is float }} {{ none is mapping }} {{ messages[0] is mapping }}"),
     ("map_methods", "{{ messages[0].map.get('k') }} {{ messages[0].map.get('zz', 'dflt') }} {{ messages[0].map.get('zz') }} {{ messages[0].map.keys() | list }} {{ messages[0].map.values() | list }} {{ messages[0]['role'] }}"),
+    ("repr_nonprintable", "{{ [messages[0].odd] }}"),
     ("str_edge", "[{{ '\\x1f x \\x1f'.strip() }}][{{ 'hello'[::-1] }}][{{ 'h\u00e9llo'[1:3] }}][{{ messages[0].list[-2:] }}][{{ ['\\u00a0', '\u00e9', '\\x85', '\\t'] }}][{{ 'a b'.rsplit(' ', 1) }}]"),
     ("numeric_filters", "{{ 3.7 | int }} {{ '5' | int + 1 }} {{ 2 | float }} {{ 3.14159 | round(2) }} {{ 2.5 | round }} {{ -3 | abs }} {{ 10 % 3 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 1 / 3 }} {{ 2 ** 0.5 }} {{ 7 / 7 }}"),
     ("default_filter", "[{{ messages[0].missing | default('d') }}][{{ none | default('d') }}][{{ none | default('d', true) }}][{{ '' | default('e', true) }}][{{ nope | length }}]"),
