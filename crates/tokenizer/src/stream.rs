@@ -3,8 +3,12 @@
 //! Byte-level BPE and byte-fallback tokens split multi-byte characters across tokens (an emoji is
 //! often three or four tokens). The decoder keeps an incomplete trailing sequence until the bytes
 //! that complete it arrive; bytes that can never form a character are replaced by U+FFFD at once.
-//! The concatenation of everything emitted equals [`crate::Tokenizer::decode`] of the same ids for
-//! vocabularies without `clean_spaces` (that clean-up needs look-ahead and is not applied here).
+//! Each token contributes its [`crate::Tokenizer::token_to_piece`], as llama.cpp's examples print
+//! generated tokens; in particular a SentencePiece token keeps its leading space (`▁world` → " world"),
+//! which is right for a continuation. When the ids are a whole text from its start, use
+//! [`StreamDecoder::at_text_start`] to drop that first space as [`crate::Tokenizer::decode`] does; the
+//! concatenation of everything emitted then equals `decode` of the same ids for vocabularies without
+//! `clean_spaces` (that clean-up needs look-ahead and is not applied here).
 
 use crate::Tokenizer;
 
@@ -24,8 +28,14 @@ impl<'a> StreamDecoder<'a> {
             tok,
             render_special,
             pending: Vec::new(),
-            first: true,
+            first: false,
         }
+    }
+
+    /// The ids start a text: drop the SentencePiece space prefix of the first token, as `decode`.
+    pub fn at_text_start(mut self) -> StreamDecoder<'a> {
+        self.first = true;
+        self
     }
 
     /// Add one token and return the text that is now complete (possibly empty).

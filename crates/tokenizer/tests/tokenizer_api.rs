@@ -82,7 +82,7 @@ fn prompt_line_convention() {
 
 fn check_stream(t: &Tokenizer, text: &str) {
     let ids = t.encode(text, false);
-    let mut dec = t.stream_decoder(false);
+    let mut dec = t.stream_decoder(false).at_text_start();
     let mut out = String::new();
     for &id in &ids {
         let s = dec.push(id);
@@ -112,6 +112,18 @@ fn stream_decoder_emits_whole_characters() {
         check_stream(qwen2(), text);
         check_stream(spm(), text);
     }
+}
+
+#[test]
+fn stream_decoder_keeps_the_space_of_a_continuation() {
+    let s = spm();
+    let ids = s.encode("Hello world", false);
+    let mut dec = s.stream_decoder(false);
+    let text: String = ids.iter().map(|&id| dec.push(id)).collect();
+    assert_eq!(text, " Hello world");
+    let mut dec = s.stream_decoder(false).at_text_start();
+    let text: String = ids.iter().map(|&id| dec.push(id)).collect();
+    assert_eq!(text, "Hello world");
 }
 
 #[test]
