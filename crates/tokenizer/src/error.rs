@@ -64,6 +64,9 @@ pub enum TokenizerError {
     /// A Hugging Face tokenizer file could not be used.
     #[error("Hugging Face tokenizer: {0}")]
     Hf(String),
+    /// The GGUF file could not be read.
+    #[error(transparent)]
+    Gguf(#[from] hearth_gguf::GgufError),
     /// Reading a file failed.
     #[error("reading {path}: {source}")]
     Io {

@@ -159,6 +159,12 @@ const FIM_REP: &[&str] = &[
 const FIM_SEP: &[&str] = &["<|file_sep|>"];
 
 impl Tokenizer {
+    /// Open a GGUF file (a model or a vocabulary-only file) and build its tokenizer.
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<Tokenizer, TokenizerError> {
+        let g = hearth_gguf::Gguf::open(path.as_ref())?;
+        Tokenizer::from_gguf(g.metadata())
+    }
+
     /// Build from a GGUF file's metadata.
     pub fn from_gguf(meta: &hearth_gguf::Metadata) -> Result<Tokenizer, TokenizerError> {
         Tokenizer::from_spec(VocabSpec::from_gguf(meta)?)
@@ -775,4 +781,33 @@ fn clean_up_spaces(t: &mut Vec<u8>) {
         total += 1;
     }
     t.truncate(total);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clean_up_spaces;
+
+    fn clean(s: &str) -> String {
+        let mut v = s.as_bytes().to_vec();
+        clean_up_spaces(&mut v);
+        String::from_utf8_lossy(&v).into_owned()
+    }
+
+    #[test]
+    fn clean_up_spaces_as_llama_cpp() {
+        assert_eq!(
+            clean("Hello , world . Yes ? No !"),
+            "Hello, world. Yes? No!"
+        );
+        assert_eq!(
+            clean("I 'm sure you 're right , it 's he 'll"),
+            "I'm sure you're right, it's he 'll"
+        );
+        assert_eq!(clean("do n't 'd"), "do n't 'd");
+        assert_eq!(clean("a ' b"), "a'b");
+        // The NUL llama.cpp writes over a removed space hides it from the next comparison.
+        assert_eq!(clean("a ' ' b"), "a'' b");
+        assert_eq!(clean(""), "");
+        assert_eq!(clean(" ."), ".");
+    }
 }
