@@ -25,6 +25,11 @@
 //! Templates come from model files and command lines, so rendering is bounded: every render has an
 //! instruction budget ("fuel", so `{% for i in range(10**9) %}` or runaway recursion ends in an
 //! error instead of a hang), recursion is capped, and output beyond a size limit is an error.
+//! Request data (messages, tools, kwargs) cannot get around these bounds. A template written to
+//! attack its host can: MiniJinja offers no hook on `namespace()` assignments, so a loop doubling a
+//! string held in a namespace exhausts memory in a few dozen steps, and a list nested a few hundred
+//! thousand levels deep overflows the stack when MiniJinja drops it. A template is therefore trusted
+//! as much as the model file or command line it comes from.
 
 mod clock;
 mod filters;
