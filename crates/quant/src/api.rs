@@ -28,26 +28,10 @@ pub fn can_dequantize(ty: GgmlType) -> bool {
     )
 }
 
-/// Whether [`quantize_row`] handles `ty`.
+/// Whether [`quantize_row`] handles `ty`: every type Hearth can dequantize also has a reference
+/// quantizer.
 pub fn has_quantizer(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(
-        ty,
-        F32 | F16
-            | BF16
-            | Q4_0
-            | Q4_1
-            | Q5_0
-            | Q5_1
-            | Q8_0
-            | Q8_1
-            | Q4_K
-            | Q5_K
-            | Q6_K
-            | Q8_K
-            | IQ4_NL
-            | IQ4_XS
-    )
+    can_dequantize(ty)
 }
 
 /// The activation type llama.cpp quantizes the other operand to before a dot product with a row of
@@ -152,6 +136,8 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         Q5_1 => l::quantize_row_q5_1(src, blocks_mut(dst)),
         Q8_0 => l::quantize_row_q8_0(src, blocks_mut(dst)),
         Q8_1 => l::quantize_row_q8_1(src, blocks_mut(dst)),
+        Q2_K => k_quantize::quantize_row_q2_k(src, blocks_mut(dst)),
+        Q3_K => k_quantize::quantize_row_q3_k(src, blocks_mut(dst)),
         Q4_K => k_quantize::quantize_row_q4_k(src, blocks_mut(dst)),
         Q5_K => k_quantize::quantize_row_q5_k(src, blocks_mut(dst)),
         Q6_K => k_quantize::quantize_row_q6_k(src, blocks_mut(dst)),

@@ -4,7 +4,9 @@
 //! Float operations are kept in ggml's order (no fused multiply-add), so outputs match bit for bit.
 
 use crate::block::{f16_to_f32, f32_to_f16};
-use crate::k_quants::{scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K};
+use crate::k_quants::{
+    q3k_scales, scale_min_k4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K,
+};
 
 /// `GROUP_MAX_EPS`: below this a group counts as all zero.
 const GROUP_MAX_EPS: f32 = 1e-15;
@@ -427,5 +429,207 @@ pub fn quantize_row_q6_k(x: &[f32], out: &mut [BlockQ6K]) {
                     (q(0) >> 4) | ((q(1) >> 4) << 2) | ((q(2) >> 4) << 4) | ((q(3) >> 4) << 6);
             }
         }
+    }
+}
+
+/// `make_q3_quants` with `do_rmse`: symmetric levels in `-nmax..nmax` chosen by weighted (`x^2`)
+/// least squares, then up to five passes that move single elements to a better level. Stores
+/// `l + nmax` and returns the scale.
+pub fn make_q3_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
+    let n = x.len();
+    let mut max = 0.0f32;
+    let mut amax = 0.0f32;
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        l_out[..n].fill(0);
+        return 0.0;
+    }
+    let iscale = -(nmax as f32) / max;
+    let mut sumlx = 0.0f32;
+    let mut suml2 = 0.0f32;
+    for i in 0..n {
+        let l = nearest_int(iscale * x[i]).clamp(-nmax, nmax - 1);
+        l_out[i] = l as i8;
+        let w = x[i] * x[i];
+        sumlx += w * x[i] * l as f32;
+        suml2 += w * l as f32 * l as f32;
+    }
+    for _ in 0..5 {
+        let mut n_changed = 0;
+        for i in 0..n {
+            let w = x[i] * x[i];
+            let li = l_out[i] as f32;
+            let mut slx = sumlx - w * x[i] * li;
+            if slx > 0.0 {
+                let mut sl2 = suml2 - w * li * li;
+                let new_l = nearest_int(x[i] * sl2 / slx).clamp(-nmax, nmax - 1);
+                if new_l != l_out[i] as i32 {
+                    slx += w * x[i] * new_l as f32;
+                    sl2 += w * new_l as f32 * new_l as f32;
+                    if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        l_out[i] = new_l as i8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed += 1;
+                    }
+                }
+            }
+        }
+        if n_changed == 0 {
+            break;
+        }
+    }
+    for l in &mut l_out[..n] {
+        *l += nmax as i8;
+    }
+    if suml2 > 0.0 {
+        sumlx / suml2
+    } else {
+        0.0
+    }
+}
+
+/// Packs 256 two-bit values: byte `l` of each 32-byte group holds elements `l`, `l + 32`, `l + 64`,
+/// `l + 96` of its 128-element half.
+fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8; QK_K / 4]) {
+    for h in 0..QK_K / 128 {
+        for i in 0..32 {
+            let b = 128 * h + i;
+            qs[32 * h + i] = l[b] | (l[b + 32] << 2) | (l[b + 64] << 4) | (l[b + 96] << 6);
+        }
+    }
+}
+
+/// `quantize_row_q2_K_ref`: per sub-block of 16, `make_qkx2_quants(nmax = 3)` with weights `|x|` and
+/// absolute-error fitting, 4-bit scales and mins relative to the largest, then requantization.
+pub fn quantize_row_q2_k(x: &[f32], out: &mut [BlockQ2K]) {
+    check(x.len(), out.len());
+    const Q4SCALE: f32 = 15.0;
+    for (xb, b) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
+        let mut l = [0u8; QK_K];
+        let mut l_aux = [0u8; 16];
+        let mut weights = [0f32; 16];
+        let mut mins = [0f32; 16];
+        let mut scales = [0f32; 16];
+        let (mut max_scale, mut max_min) = (0f32, 0f32);
+        for j in 0..16 {
+            let xs = &xb[16 * j..16 * j + 16];
+            for (w, &v) in weights.iter_mut().zip(xs) {
+                *w = v.abs();
+            }
+            let (s, m) = make_qkx2_quants(
+                3,
+                xs,
+                &weights,
+                &mut l[16 * j..16 * j + 16],
+                &mut l_aux,
+                -0.5,
+                0.1,
+                15,
+                true,
+            );
+            scales[j] = s;
+            mins[j] = m;
+            if s > max_scale {
+                max_scale = s;
+            }
+            if m > max_min {
+                max_min = m;
+            }
+        }
+        if max_scale > 0.0 {
+            let iscale = Q4SCALE / max_scale;
+            for j in 0..16 {
+                b.scales[j] = nearest_int(iscale * scales[j]) as u8;
+            }
+            b.d = f32_to_f16(max_scale / Q4SCALE);
+        } else {
+            b.scales = [0; 16];
+            b.d = f32_to_f16(0.0);
+        }
+        if max_min > 0.0 {
+            let iscale = Q4SCALE / max_min;
+            for j in 0..16 {
+                b.scales[j] |= (nearest_int(iscale * mins[j]) << 4) as u8;
+            }
+            b.dmin = f32_to_f16(max_min / Q4SCALE);
+        } else {
+            b.dmin = f32_to_f16(0.0);
+        }
+        for j in 0..16 {
+            let d = f16_to_f32(b.d) * (b.scales[j] & 0xf) as f32;
+            if d == 0.0 {
+                continue;
+            }
+            let dm = f16_to_f32(b.dmin) * (b.scales[j] >> 4) as f32;
+            for ii in 0..16 {
+                l[16 * j + ii] = nearest_int((xb[16 * j + ii] + dm) / d).clamp(0, 3) as u8;
+            }
+        }
+        pack_2bit(&l, &mut b.qs);
+    }
+}
+
+/// `quantize_row_q3_K_ref`: per sub-block of 16, `make_q3_quants(nmax = 4)`, 6-bit signed scales
+/// relative to the signed largest (`-32 / max`), requantization, then the high bit of each level moved
+/// to `hmask`.
+pub fn quantize_row_q3_k(x: &[f32], out: &mut [BlockQ3K]) {
+    check(x.len(), out.len());
+    for (xb, b) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
+        let mut l = [0i8; QK_K];
+        let mut scales = [0f32; 16];
+        let (mut max_scale, mut amax) = (0f32, 0f32);
+        for j in 0..16 {
+            scales[j] = make_q3_quants(4, &xb[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
+            if scales[j].abs() > amax {
+                amax = scales[j].abs();
+                max_scale = scales[j];
+            }
+        }
+        b.scales = [0; 12];
+        if max_scale != 0.0 {
+            let iscale = -32.0f32 / max_scale;
+            for j in 0..16 {
+                // ggml stores nearest_int's result in an int8_t before clamping.
+                let q = (nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) + 32;
+                let q = q as u8;
+                if j < 8 {
+                    b.scales[j] = q & 0xf;
+                } else {
+                    b.scales[j - 8] |= (q & 0xf) << 4;
+                }
+                b.scales[j % 4 + 8] |= (q >> 4) << (2 * (j / 4));
+            }
+            b.d = f32_to_f16(1.0 / iscale);
+        } else {
+            b.d = f32_to_f16(0.0);
+        }
+        let sc = q3k_scales(&b.scales);
+        for j in 0..16 {
+            let d = f16_to_f32(b.d) * sc[j] as f32;
+            if d == 0.0 {
+                continue;
+            }
+            for ii in 0..16 {
+                l[16 * j + ii] = (nearest_int(xb[16 * j + ii] / d).clamp(-4, 3) + 4) as i8;
+            }
+        }
+        // High bit of the first 32 levels into bit 0 of hmask[0..32], the next 32 into bit 1, ...
+        b.hmask = [0; QK_K / 8];
+        let mut lu = [0u8; QK_K];
+        for j in 0..QK_K {
+            let mut v = l[j] as u8;
+            if v > 3 {
+                b.hmask[j % 32] |= 1 << (j / 32);
+                v -= 4;
+            }
+            lu[j] = v;
+        }
+        pack_2bit(&lu, &mut b.qs);
     }
 }

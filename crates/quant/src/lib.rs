@@ -38,7 +38,10 @@ pub use dot::*;
 pub use error::QuantError;
 pub use iq4::{dequantize_row_iq4_nl, dequantize_row_iq4_xs, BlockIQ4NL, BlockIQ4XS};
 pub use iq4_quantize::{quantize_row_iq4_nl, quantize_row_iq4_xs};
-pub use k_quantize::{quantize_row_q4_k, quantize_row_q5_k, quantize_row_q6_k, quantize_row_q8_k};
+pub use k_quantize::{
+    quantize_row_q2_k, quantize_row_q3_k, quantize_row_q4_k, quantize_row_q5_k, quantize_row_q6_k,
+    quantize_row_q8_k,
+};
 pub use k_quants::{
     dequantize_row_q2_k, dequantize_row_q3_k, dequantize_row_q4_k, dequantize_row_q5_k,
     dequantize_row_q6_k, dequantize_row_q8_k, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K,

@@ -94,6 +94,8 @@ fn rmse_within_format_bounds() {
         (GgmlType::Q8_0, 0.006),
         (GgmlType::Q8_1, 0.006),
         (GgmlType::Q8_K, 0.008),
+        (GgmlType::Q2_K, 0.32),
+        (GgmlType::Q3_K, 0.17),
         (GgmlType::Q4_K, 0.08),
         (GgmlType::Q5_K, 0.042),
         (GgmlType::Q6_K, 0.021),
@@ -164,10 +166,10 @@ fn typed_errors() {
             .to_string()
             .contains(ty.name()));
     }
-    let mut dst = [0u8; 84];
+    let mut dst = [0u8; 74];
     assert_eq!(
-        quantize_row(GgmlType::Q2_K, &[0.0; 256], &mut dst),
-        Err(QuantError::NoQuantizer(GgmlType::Q2_K))
+        quantize_row(GgmlType::IQ2_XS, &[0.0; 256], &mut dst),
+        Err(QuantError::NoQuantizer(GgmlType::IQ2_XS))
     );
     assert_eq!(
         dequantize_row(GgmlType::Q4_K, &[0u8; 143], &mut out),
