@@ -345,6 +345,15 @@ def conversations():
         "content_parts",
         [user([{"type": "text", "text": "Describe "}, {"type": "text", "text": "this."}])],
     )
+    add(
+        "content_parts_multi_turn",
+        [
+            {"role": "system", "content": [{"type": "text", "text": "Describe images."}]},
+            user([{"type": "image"}, {"type": "text", "text": "What is this?"}]),
+            assistant([{"type": "text", "text": "A cat."}]),
+            user([{"type": "text", "text": "And "}, {"type": "text", "text": "this one?"}, {"type": "image"}]),
+        ],
+    )
     add("content_null_assistant_tool_call", [user("x"), assistant(None, tool_calls=[call("calc", {"expr": "1+1"})]), tool("2")], tools=[BARE_TOOL])
     add("missing_content_key", [{"role": "user"}])
     add("tool_calls_empty_list", [user("Hi"), assistant("Hello", tool_calls=[]), user("Bye")])
@@ -406,6 +415,64 @@ FEATURE_TEMPLATES = [
 ]
 
 
+# A ChatML dialect written for these tests that accepts content as a string, null or a list of
+# parts, prints tool calls with `tojson`, marks assistant text with `{% generation %}` and rejects
+# unknown roles with `raise_exception`: the features real multimodal / tool templates combine.
+PARTS_TEMPLATE = """{%- macro render_content(content) -%}
+    {%- if content is none -%}
+    {%- elif content is string -%}
+        {{- content -}}
+    {%- else -%}
+        {%- for part in content -%}
+            {%- if part.type == 'text' -%}{{- part.text -}}
+            {%- elif part.type == 'image' -%}<image>
+            {%- else -%}{{- raise_exception('unsupported part type ' ~ part.type) -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{{- bos_token -}}
+{%- if tools %}
+<|im_start|>system
+{% if messages and messages[0].role == 'system' %}{{ render_content(messages[0].content) }}
+
+{% endif %}
+Tools:
+{% for tool in tools %}
+- {{ tool | tojson(sort_keys=true) }}
+{% endfor %}
+<|im_end|>
+{% endif %}
+{%- for message in messages %}
+    {%- if message.role not in ['system', 'user', 'assistant', 'tool'] %}
+        {{- raise_exception('unknown role: ' ~ message.role) }}
+    {%- endif %}
+    {%- if not (tools and loop.first and message.role == 'system') %}
+        {{- '<|im_start|>' ~ message.role }}{% if message.name is defined %} name={{ message.name }}{% endif %}
+        {{- '\n' }}
+        {%- if message.role == 'assistant' %}
+            {%- generation %}
+                {%- if message.reasoning_content %}<think>{{ message.reasoning_content | trim }}</think>
+{% endif %}
+                {{- render_content(message.content) }}
+                {%- for call in message.tool_calls | default([]) %}
+<call id="{{ call.id | default('') }}">{{ call.function.name }}({{ call.function.arguments if call.function.arguments is string else call.function.arguments | tojson(separators=(',', ':')) }})</call>
+                {%- endfor %}
+            {%- endgeneration %}
+        {%- else %}
+            {{- render_content(message.content) }}
+        {%- endif %}
+        {{- eos_token ~ '\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and not enable_thinking %}
+        {{- '<think></think>\n' }}
+    {%- endif %}
+{%- endif %}"""
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     qwen3_cfg = os.path.join(SHARED, "tokenizers", "qwen3", "tokenizer_config.json")
@@ -422,6 +489,7 @@ def main():
         ("qwen3-coder", read(os.path.join(SHARED, "templates", "Qwen3-Coder.jinja")), "templates/Qwen3-Coder.jinja", "", "<|im_end|>"),
         ("chatml-tiny-qwen3", gguf_template(os.path.join(SHARED, "fixtures", "tiny-qwen3.q4_0.gguf")), None, "<|endoftext|>", "<|im_end|>"),
         ("smollm2", gguf_template(SMOLLM2), None, "<|im_start|>", "<|im_end|>"),
+        ("chatml-parts", PARTS_TEMPLATE, None, "<s>", "</s>"),
     ]
     for stem, source, shared_path, bos, eos in templates:
         template = compile_template(source)

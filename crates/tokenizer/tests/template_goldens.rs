@@ -140,6 +140,12 @@ fn smollm2_matches_transformers() {
     run("smollm2", 20);
 }
 
+/// A ChatML dialect taking content as parts, `{% generation %}`, `tojson` options, macros.
+#[test]
+fn content_parts_template_matches_transformers() {
+    run("chatml-parts", 20);
+}
+
 #[test]
 fn python_behaviours_match_jinja2() {
     run("features", 15);
