@@ -121,6 +121,14 @@ pub enum TemplateError {
         /// [`MAX_SOURCE_BYTES`].
         limit: usize,
     },
+    /// A template file could not be read.
+    #[error("cannot read chat template {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: io::Error,
+    },
     /// The inputs cannot be passed to a template (an extra keyword argument that would replace
     /// `messages`, `tools`, `documents` or `add_generation_prompt`, which Python rejects too).
     #[error("invalid chat template input: {0}")]
@@ -191,6 +199,23 @@ impl ChatTemplate {
             source: source.to_owned(),
             limits,
         })
+    }
+
+    /// Reads and compiles a template file (`--chat-template FILE`).
+    pub fn from_path(path: &std::path::Path) -> Result<ChatTemplate, TemplateError> {
+        let read = |source| TemplateError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let len = std::fs::metadata(path).map_err(read)?.len();
+        if len > MAX_SOURCE_BYTES as u64 {
+            return Err(TemplateError::SourceTooLarge {
+                len: usize::try_from(len).unwrap_or(usize::MAX),
+                limit: MAX_SOURCE_BYTES,
+            });
+        }
+        let source = std::fs::read_to_string(path).map_err(read)?;
+        ChatTemplate::new(&source)
     }
 
     /// The ChatML fallback ([`CHATML_TEMPLATE`]) for model files without a template.

@@ -145,6 +145,25 @@ fn huge_source_is_refused() {
 }
 
 #[test]
+fn template_files_are_read() {
+    let path = std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/templates/Qwen3-Coder.jinja"
+    ));
+    let t = ChatTemplate::from_path(path).unwrap();
+    assert!(t.source().contains("<tool_call>"));
+    assert!(t
+        .render(&conversation())
+        .unwrap()
+        .ends_with("<|im_start|>assistant\n"));
+    let missing = std::path::Path::new("/nonexistent/template.jinja");
+    assert!(matches!(
+        ChatTemplate::from_path(missing),
+        Err(TemplateError::Read { .. })
+    ));
+}
+
+#[test]
 fn raise_exception_reports_the_message() {
     let err = render(
         "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}",
