@@ -1,6 +1,7 @@
 //! Reference quantizers for the K formats, ported from ggml-quants.c (`quantize_row_q*_K_ref` and
-//! their helpers `nearest_int`, `make_qx_quants`, `make_qkx2_quants`). These are what `llama-quantize`
-//! runs without an importance matrix, and what ggml's CPU path uses to quantize activations to Q8_K.
+//! their helpers `nearest_int`, `make_qx_quants`, `make_q3_quants`, `make_qkx2_quants`). These are what
+//! `llama-quantize` runs without an importance matrix, and what ggml's CPU path uses to quantize
+//! activations to Q8_K.
 //! Float operations are kept in ggml's order (no fused multiply-add), so outputs match bit for bit.
 
 use crate::block::{f16_to_f32, f32_to_f16};

@@ -2,14 +2,27 @@
 //!
 //! Each quantized format is a `#[repr(C)]` block of plain bytes (alignment 1, so any byte slice of the
 //! right length can be viewed as blocks, wherever a row starts in a mmap'd file) with its size asserted
-//! at compile time. For every type Hearth can compute with there is a scalar dequantizer, bit-exact with
-//! the `gguf` Python package (llama.cpp's reference); reference quantizers port ggml's
-//! `quantize_row_*_ref` (the activation types Q8_0 / Q8_1 / Q8_K, and the weight types a model
-//! generator writes); every weight type has a reference dot product against the activation type
-//! llama.cpp pairs it with, ported from `ggml_vec_dot_*_generic`.
+//! at compile time. For the 17 types Hearth computes with (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
+//! Q8_0, Q8_1, Q2_K..Q6_K, Q8_K, IQ4_NL, IQ4_XS) there is
+//!
+//! - a scalar **dequantizer**, bit-exact with the `gguf` Python package (llama.cpp's numpy reference);
+//! - a reference **quantizer**, ported from ggml's `quantize_row_*_ref` (for IQ4_NL, the scale search
+//!   `llama-quantize` runs): the activation types Q8_0 / Q8_1 / Q8_K, and every weight type a model
+//!   generator may write;
+//! - for every weight type, a reference **dot product** against the activation type llama.cpp pairs it
+//!   with ([`vec_dot_type`]), ported from `ggml_vec_dot_*_generic` with the same integer accumulation
+//!   and the same order of f32 operations.
+//!
+//! How that is checked (tests/): dequantization against gguf-py on random blocks and on every tensor of
+//! the fixture models and SmolLM2; quantizers against gguf-py where it has one, against llama.cpp's own
+//! quantized fixtures (re-quantizing their f16 sources gives the same bytes for Q4_0, Q4_1, Q5_1, Q8_0,
+//! Q4_K, Q5_K, Q6_K, IQ4_NL) and against ggml's reference C code (Q8_1, Q8_K, Q2_K, Q3_K, IQ4_XS); dot
+//! products bit for bit against ggml's generic C kernels and within 1e-4 of the f64 dot of the
+//! dequantized operands.
 //!
 //! Entry points by type: [`dequantize_row`], [`quantize_row`], [`vec_dot_type`], [`vec_dot`]. The
 //! typed functions and block structs are public too, as the scalar twins of future SIMD kernels.
+//! Types outside the 17 are refused with [`QuantError::Unsupported`] naming them.
 
 #![deny(missing_docs)]
 // Index loops mirror ggml's C kernels line by line, which keeps the ports reviewable.
