@@ -390,6 +390,8 @@ FEATURE_TEMPLATES = [
     ("loops", "{% for m in messages %}{{ loop.index }}/{{ loop.length }}:{{ m.role }}{% if loop.previtem %}<{{ loop.previtem.role }}{% endif %}{% if loop.nextitem %}>{{ loop.nextitem.role }}{% endif %}{% if not loop.last %},{% endif %}{% endfor %}|{% for i in range(10) %}{% if i == 2 %}{% continue %}{% endif %}{% if i > 4 %}{% break %}{% endif %}{{ i }}{% endfor %}|{% for m in messages[::-1] %}{{ m.role }}{% endfor %}|{% for k, v in messages[0].map | items %}{{ k }}={{ v }};{% endfor %}|{% for k, v in messages[0].map.items() %}{{ k }};{% endfor %}"),
     ("namespace_macro", "{% macro item(x, sep='-') %}[{{ x }}{{ sep }}]{% endmacro %}{% set ns = namespace(count=0, names='') %}{% for m in messages %}{% set ns.count = ns.count + 1 %}{% set ns.names = ns.names + m.role %}{{ item(m.role) }}{% endfor %}{{ ns.count }} {{ ns.names }} {{ item('z', sep='+') }}"),
     ("whitespace_control", "{% if true %}\n  A\n{% endif %}\n  {% for x in [1, 2] %}\n    {{ x }}\n  {% endfor %}\n{%- if true -%}\n  B\n{%- endif %}\n\nend\n\n"),
+    ("comments_and_raw", "  {# comment #}\nA\n    {#- c2 -#}   B {# c3 #}\n{% raw %}{{ not rendered }}{% endraw %}\n  {%+ if true %}C{% endif +%}\nD{{ '{{' }}\n"),
+    ("generation_whitespace", "{% for m in messages %}\n  {%- generation -%}\n  [{{ m.role }}]\n  {% endgeneration %}\n{% endfor %}"),
     ("generation_tag", "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}\n{% endfor %}"),
     ("raise_exception", "{% if messages | length > 1 %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"),
     ("undefined_attr_error", "{{ messages[0].missing.deeper }}"),

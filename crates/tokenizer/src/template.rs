@@ -6,8 +6,10 @@
 //! extension and its `{% generation %}` tag, replaces the `tojson` filter with
 //! `json.dumps(ensure_ascii=False)`, adds the globals `raise_exception` and `strftime_now`, and renders
 //! with `messages`, `tools`, `documents`, `add_generation_prompt`, the special tokens and the caller's
-//! extra keyword arguments (`enable_thinking`...). [`ChatTemplate`] sets MiniJinja up the same way and
-//! closes the gaps between MiniJinja and jinja2 that templates actually hit:
+//! extra keyword arguments (`enable_thinking`...). [`ChatTemplate`] sets MiniJinja up the same way
+//! (MiniJinja is sandboxed by construction: templates see only the values passed in, with no route
+//! to host objects, which is what jinja2's sandbox has to police) and closes the gaps between
+//! MiniJinja and jinja2 that templates actually hit:
 //!
 //! * printing and `|string` use Python's `str()` (`True`, `None`, `['a', 1]`, `1e-07`) — see
 //!   `pyrepr`;
