@@ -58,9 +58,9 @@ pub fn row_len(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
     if n % block != 0 {
         return Err(QuantError::PartialBlock { ty, n, block });
     }
-    // n / block * type_size cannot overflow usize: it is smaller than n * 18 / 32 for every type
-    // except the plain ones, where it is at most n * 8, and `n` came from a slice of f32s.
-    Ok(n / block * ty.type_size())
+    (n / block)
+        .checked_mul(ty.type_size())
+        .ok_or(QuantError::RowTooLong { ty, n })
 }
 
 fn blocks<B: Block>(src: &[u8]) -> &[B] {

@@ -23,6 +23,14 @@ pub enum QuantError {
         /// The type's block size, in elements.
         block: usize,
     },
+    /// A row whose byte size does not fit in `usize`.
+    #[error("a row of {n} {ty} elements is too long")]
+    RowTooLong {
+        /// The type.
+        ty: GgmlType,
+        /// The row length asked for, in elements.
+        n: usize,
+    },
     /// A buffer whose length does not match the row.
     #[error("{what} for {ty}: expected {expected} bytes, got {got}")]
     BadLength {

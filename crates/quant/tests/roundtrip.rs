@@ -190,6 +190,18 @@ fn typed_errors() {
     ));
 }
 
+#[test]
+fn huge_row_lengths_are_errors() {
+    assert_eq!(
+        hearth_quant::row_len(GgmlType::F32, usize::MAX),
+        Err(QuantError::RowTooLong {
+            ty: GgmlType::F32,
+            n: usize::MAX
+        })
+    );
+    assert_eq!(hearth_quant::row_len(GgmlType::Q8_0, 64), Ok(68));
+}
+
 /// Rows inside a mmap'd tensor can start at any address: blocks are plain bytes, so reading from an
 /// odd offset gives the same values.
 #[test]
