@@ -158,8 +158,8 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
     use GgmlType::*;
     assert!(has_vec_dot(ty), "vec_dot: no dot product for {ty}");
-    let wlen = row_len(ty, n).expect("vec_dot: n is not a whole number of blocks");
-    let alen = row_len(vec_dot_type(ty), n).expect("vec_dot: n is not a whole number of blocks");
+    let wlen = row_len(ty, n).unwrap_or_else(|e| panic!("vec_dot: {e}"));
+    let alen = row_len(vec_dot_type(ty), n).unwrap_or_else(|e| panic!("vec_dot: {e}"));
     assert!(
         w.len() == wlen && a.len() == alen,
         "vec_dot {ty}: row lengths {} / {}, expected {wlen} / {alen}",
