@@ -253,3 +253,18 @@ fn writer_misuse_is_an_error() {
     // Only half of "x" was written.
     assert!(matches!(w.finish(), Err(GgufError::WriterMisuse(_))));
 }
+
+/// Regression (found by the fuzzer): copying a file tensor by tensor, writing each tensor's data even when
+/// it is empty, failed when the last tensor was empty, because it had already been skipped.
+#[test]
+fn empty_data_for_a_trailing_empty_tensor() {
+    let mut w = GgufWriter::new(Vec::new());
+    w.add_tensor("a", GgmlType::F32, &[2]).unwrap();
+    w.add_tensor("z", GgmlType::F32, &[0, 3]).unwrap();
+    w.write_header().unwrap();
+    w.write_tensor_data(&[1; 8]).unwrap();
+    w.write_tensor_data(&[]).unwrap();
+    let g = Gguf::from_bytes(w.finish().unwrap()).unwrap();
+    assert_eq!(g.tensor_data(g.tensor("a").unwrap()), &[1; 8]);
+    assert!(g.tensor_data(g.tensor("z").unwrap()).is_empty());
+}
