@@ -15,6 +15,18 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Complete a prompt, streaming the text.
+    Run(cmd::run::Args),
+    /// Chat interactively through the model's chat template.
+    Chat(cmd::chat::Args),
+    /// Print the parity report (top logits, greedy continuation) for prompt lines read on stdin.
+    Logits(cmd::logits::Args),
+    /// Measure perplexity on a text file, as llama-perplexity does.
+    Perplexity(cmd::perplexity::Args),
+    /// One forward pass with per-layer statistics; compare with a llama.cpp trace.
+    Trace(cmd::trace::Args),
+    /// Write a random-weight GGUF of a named shape.
+    Synth(cmd::synth::Args),
     /// Describe a GGUF file: architecture, tokenizer, metadata, tensors and a validation verdict.
     Inspect(cmd::inspect::Args),
 }
@@ -22,11 +34,17 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => cmd::run::run(args),
+        Command::Chat(args) => cmd::chat::run(args),
+        Command::Logits(args) => cmd::logits::run(args),
+        Command::Perplexity(args) => cmd::perplexity::run(args),
+        Command::Trace(args) => cmd::trace::run(args),
+        Command::Synth(args) => cmd::synth::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
     };
     if let Err(err) = result {
         // One line on stderr, the whole cause chain joined, and a non-zero exit.
-        eprintln!("error: {err:#}");
+        eprintln!("error: {}", format!("{err:#}").replace('\n', " "));
         std::process::exit(1);
     }
 }

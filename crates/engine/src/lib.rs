@@ -1,7 +1,16 @@
-//! Generation on top of the model: the parity report, sampling, sessions and stop conditions.
+//! Generation on top of the model: the parity report of `hearth logits`, sampling, single-sequence
+//! sessions with prefix reuse, stop strings, and the generation loop.
 
 #![deny(missing_docs)]
 
+pub mod generate;
 pub mod logits;
+pub mod sampler;
+pub mod session;
+pub mod stop;
 
+pub use generate::{generate, FinishReason, GenParams, Generation};
 pub use logits::{logits_report, top_k, LogitsReport};
+pub use sampler::{Sampler, SamplerConfig};
+pub use session::Session;
+pub use stop::{StopMatcher, StopResult};

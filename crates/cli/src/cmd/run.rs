@@ -1,0 +1,65 @@
+//! `hearth run MODEL -p TEXT`: stream a completion of a raw prompt.
+
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use hearth_engine::{generate, FinishReason, GenParams, Session};
+
+use super::common::ModelArgs;
+use super::sampling::SamplingArgs;
+
+/// Arguments of `hearth run`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt (raw text; special tokens such as `<|im_start|>` are parsed).
+    #[arg(short = 'p', long)]
+    pub prompt: String,
+    /// Most tokens to generate (default: until end of generation or the context is full).
+    #[arg(short = 'n', long = "n-predict")]
+    pub n_predict: Option<usize>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Print timing figures on stderr at the end.
+    #[arg(long)]
+    pub verbose: bool,
+}
+
+/// Runs `hearth run`.
+pub fn run(args: Args) -> Result<()> {
+    let m = args.model.load()?;
+    let prompt = m.tokenizer.encode_with_specials(&args.prompt, m.tokenizer.add_bos(), true);
+    anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
+    anyhow::ensure!(
+        prompt.len() < m.n_ctx,
+        "the prompt has {} tokens but the context is {} (raise --ctx)",
+        prompt.len(),
+        m.n_ctx
+    );
+    let mut session = Session::new(&m.model, &m.pool, m.n_ctx, 512, m.kv_type);
+    let params = GenParams { max_tokens: args.n_predict, sampler: args.sampling.config()?, stop: args.sampling.stop.clone() };
+    let stdout = std::io::stdout();
+    let t0 = std::time::Instant::now();
+    let g = generate(&mut session, &m.tokenizer, &prompt, &params, |text| {
+        let mut out = stdout.lock();
+        out.write_all(text.as_bytes()).and_then(|_| out.flush()).is_ok()
+    })
+    .context("generation failed")?;
+    println!();
+    if args.verbose {
+        let dt = t0.elapsed().as_secs_f64();
+        eprintln!(
+            "{} prompt tokens, {} generated in {dt:.2}s ({}){}",
+            prompt.len(),
+            g.tokens.len(),
+            match g.finish {
+                FinishReason::Stop => "stop",
+                FinishReason::Length => "length",
+                FinishReason::Cancelled => "cancelled",
+            },
+            ""
+        );
+    }
+    Ok(())
+}
