@@ -63,6 +63,12 @@ impl std::fmt::Debug for Gguf {
     }
 }
 
+// Models are shared across threads (one mapped file, many sessions).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Gguf>();
+};
+
 /// The smallest on-disk size of one metadata entry: key length, a 1-byte key, value type, 1-byte value.
 const MIN_KV_SIZE: u64 = 8 + 1 + 4 + 1;
 /// The smallest on-disk size of one tensor info: name length, 1-byte name, n_dims, type, offset.

@@ -129,6 +129,23 @@ fn tensor_or_kv_count_u64_max() {
 }
 
 #[test]
+fn counts_above_the_hard_caps() {
+    // Enough bytes that the count passes the "fits in what is left" test, so the cap is what refuses it.
+    let n = hearth_gguf::MAX_TENSORS + 1;
+    let mut r = Raw::header(3, n, 0);
+    r.bytes(&vec![0; (n * 25) as usize]);
+    assert_err!(r, GgufError::TooMany { count, .. } if count == n);
+    let n = hearth_gguf::MAX_ARRAY_LEN + 1;
+    let mut r = Raw::header(3, 0, 1);
+    r.str(b"big")
+        .u32(9)
+        .u32(0)
+        .u64(n)
+        .bytes(&vec![0; n as usize]);
+    assert_err!(r, GgufError::TooMany { count, .. } if count == n);
+}
+
+#[test]
 fn string_length_u64_max_or_past_the_end() {
     let mut r = Raw::header(3, 0, 1);
     r.u64(u64::MAX).bytes(&[0; 64]);
