@@ -183,5 +183,8 @@ fn invalid_file_exits_non_zero_with_one_line() {
     }
     let out = hearth(&["inspect", "/nonexistent/model.gguf"]);
     assert!(!out.status.success());
-    assert_eq!(String::from_utf8(out.stderr).unwrap().lines().count(), 1);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+    // The OS error is said once, not repeated by the cause chain.
+    assert_eq!(err.matches("os error").count(), 1, "{err:?}");
 }

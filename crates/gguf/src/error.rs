@@ -10,16 +10,18 @@ use hearth_quant::GgmlType;
 #[non_exhaustive]
 pub enum GgufError {
     /// The file could not be opened or mapped.
-    #[error("cannot read {path}: {source}")]
+    // The OS error is part of the message and deliberately not a `#[source]`: printing the cause chain
+    // (anyhow's `{:#}`) would repeat it.
+    #[error("cannot read {path}: {error}")]
     Open {
         /// The file.
         path: PathBuf,
         /// The OS error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Writing failed (the writer's sink returned an error).
     #[error("write failed: {0}")]
-    Write(#[from] std::io::Error),
+    Write(std::io::Error),
     /// The writer was used out of order or given inconsistent data.
     #[error("GGUF writer misuse: {0}")]
     WriterMisuse(String),
@@ -273,4 +275,10 @@ pub enum GgufError {
         /// ne2 of the tensor.
         n_expert: u64,
     },
+}
+
+impl From<std::io::Error> for GgufError {
+    fn from(e: std::io::Error) -> GgufError {
+        GgufError::Write(e)
+    }
 }

@@ -78,9 +78,9 @@ impl Gguf {
     /// Maps `path` read-only and parses it.
     pub fn open(path: impl AsRef<Path>) -> Result<Gguf, GgufError> {
         let path = path.as_ref();
-        let open_err = |source| GgufError::Open {
+        let open_err = |error| GgufError::Open {
             path: path.to_owned(),
-            source,
+            error,
         };
         let file = File::open(path).map_err(open_err)?;
         // SAFETY: the map is read-only and private to this process. Like every mmap-based reader we

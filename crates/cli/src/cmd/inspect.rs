@@ -333,7 +333,9 @@ fn report(g: &Gguf, path: &str) -> String {
     );
 
     let unsupported = unsupported(g);
-    let verdict = if unsupported.is_empty() {
+    let verdict = if g.tensors().is_empty() {
+        "no tensors (a vocabulary-only file)".to_owned()
+    } else if unsupported.is_empty() {
         "every tensor type is supported for compute".to_owned()
     } else {
         let names: Vec<&str> = unsupported.iter().map(|t| t.name()).collect();
