@@ -188,8 +188,8 @@ impl<W: Write> GgufWriter<W> {
         &self.metadata
     }
 
-    /// The header bytes: magic, version, counts, metadata, tensor infos and the padding up to the data
-    /// section.
+    /// The header bytes: magic, version, counts, metadata and tensor infos (without the padding up to the
+    /// data section).
     fn header(&self) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(&GGUF_MAGIC);
@@ -210,14 +210,12 @@ impl<W: Write> GgufWriter<W> {
             b.extend_from_slice(&(t.ty as u32).to_le_bytes());
             b.extend_from_slice(&t.offset.to_le_bytes());
         }
-        let padded = (b.len() as u64).next_multiple_of(self.alignment);
-        b.resize(padded as usize, 0);
         b
     }
 
     /// Absolute offset the data section will have (the header length, padded).
     pub fn data_offset(&self) -> u64 {
-        self.header().len() as u64
+        (self.header().len() as u64).next_multiple_of(self.alignment)
     }
 
     /// Writes the header. After this, only [`GgufWriter::write_tensor_data`] and
@@ -226,6 +224,8 @@ impl<W: Write> GgufWriter<W> {
         self.declaring("write_header")?;
         let h = self.header();
         self.w.write_all(&h)?;
+        let len = h.len() as u64;
+        write_zeros(&mut self.w, len.next_multiple_of(self.alignment) - len)?;
         self.state = State::Data {
             index: 0,
             written: 0,
@@ -275,7 +275,7 @@ impl<W: Write> GgufWriter<W> {
         let written = written + bytes.len() as u64;
         if written == n_bytes {
             let pad = n_bytes.next_multiple_of(alignment) - n_bytes;
-            self.w.write_all(&vec![0u8; pad as usize])?;
+            write_zeros(&mut self.w, pad)?;
             self.state = State::Data {
                 index: index + 1,
                 written: 0,
@@ -303,6 +303,17 @@ impl<W: Write> GgufWriter<W> {
         self.w.flush()?;
         Ok(self.w)
     }
+}
+
+/// Writes `n` zero bytes without allocating `n` bytes (an alignment may be as large as 2^31).
+fn write_zeros(w: &mut impl Write, mut n: u64) -> std::io::Result<()> {
+    const ZEROS: [u8; 4096] = [0; 4096];
+    while n > 0 {
+        let k = n.min(ZEROS.len() as u64);
+        w.write_all(&ZEROS[..k as usize])?;
+        n -= k;
+    }
+    Ok(())
 }
 
 /// Nesting depth of an array: 1 for an array of scalars.

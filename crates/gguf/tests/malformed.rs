@@ -417,6 +417,11 @@ fn bad_alignment() {
     let mut r = Raw::header(3, 0, 1);
     r.str(b"general.alignment").u32(8).str(b"32");
     assert_err!(r, GgufError::AlignmentType { found: "string" });
+    // Huge but legal: with no tensors, the (unpadded) file may end before the data section.
+    let mut r = Raw::header(3, 0, 1);
+    r.kv_u32("general.alignment", 1 << 31);
+    let g = r.parse().unwrap();
+    assert_eq!((g.alignment(), g.data_offset()), (1 << 31, 1 << 31));
     // A valid custom alignment moves the data section.
     let mut r = Raw::header(3, 1, 1);
     r.kv_u32("general.alignment", 64)

@@ -268,3 +268,26 @@ fn empty_data_for_a_trailing_empty_tensor() {
     assert_eq!(g.tensor_data(g.tensor("a").unwrap()), &[1; 8]);
     assert!(g.tensor_data(g.tensor("z").unwrap()).is_empty());
 }
+
+/// Regression (found by the fuzzer, as a timeout): a legal alignment of 2^30 made the writer build the
+/// padded header in memory. Padding is now streamed; check the byte count on a counting sink.
+#[test]
+fn huge_alignment_pads_without_buffering() {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len() as u64;
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut w = GgufWriter::new(Count(0));
+    w.set_alignment(1 << 30).unwrap();
+    w.add_tensor("t", GgmlType::F32, &[1]).unwrap();
+    assert_eq!(w.data_offset(), 1 << 30);
+    w.write_header().unwrap();
+    w.write_tensor_data(&[0; 4]).unwrap();
+    assert_eq!(w.finish().unwrap().0, 2 << 30);
+}
