@@ -1,0 +1,94 @@
+//! Parity with llama.cpp through `hearth logits`: every golden of ../shared/fixtures, text in, under the
+//! match rule of ../shared/tools/compare_golden.py.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn shared() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
+}
+
+pub fn smollm2() -> PathBuf {
+    let path: PathBuf = std::env::var("HEARTH_SMOLLM2")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf").into())
+        .into();
+    assert!(path.exists(), "{} is missing: run scripts/test, which fetches it", path.display());
+    path
+}
+
+fn check(model: &Path, prompts: &Path, golden: &Path, extra: &[&str]) {
+    let n_gen = std::fs::read_to_string(golden)
+        .unwrap()
+        .lines()
+        .next()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["greedy"].as_array().unwrap().len())
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["logits", "--all", "--gen", &n_gen.to_string(), "-t", "2"])
+        .args(extra)
+        .arg(model)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&std::fs::read(prompts).unwrap()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "hearth logits failed: {}", String::from_utf8_lossy(&out.stderr));
+    let mut ours = tempfile::NamedTempFile::new().unwrap();
+    ours.write_all(&out.stdout).unwrap();
+    let res = Command::new("python3").arg(shared().join("tools/compare_golden.py")).arg(ours.path()).arg(golden).output().unwrap();
+    let text = String::from_utf8_lossy(&res.stdout);
+    println!("{}: {}", golden.file_name().unwrap().to_string_lossy(), text.trim());
+    assert!(res.status.success(), "{} does not match:\n{text}", golden.display());
+}
+
+fn fixture(name: &str) {
+    let dir = shared().join("fixtures");
+    let prompts = if name.ends_with(".long") { "prompts-long.txt" } else { "prompts-synthetic.txt" };
+    let model = dir.join(format!("{}.gguf", name.trim_end_matches(".long")));
+    check(&model, &dir.join(prompts), &dir.join(format!("{name}.golden.jsonl")), &[]);
+}
+
+macro_rules! parity {
+    ($($test:ident => $name:expr),* $(,)?) => {
+        $( #[test] fn $test() { fixture($name); } )*
+    };
+}
+
+parity! {
+    qwen3_q4_k_m => "tiny-qwen3.q4_k_m",
+    qwen3_q4_0 => "tiny-qwen3.q4_0",
+    qwen3_iq4_nl => "tiny-qwen3.iq4_nl",
+    qwen3_yarn_q8_0 => "tiny-qwen3-yarn.q8_0",
+    qwen2_q8_0 => "tiny-qwen2.q8_0",
+    qwen2_q5_1 => "tiny-qwen2.q5_1",
+    qwen2_q4_1 => "tiny-qwen2.q4_1",
+    llama3_q4_k_m => "tiny-llama3.q4_k_m",
+    llama3_q4_k_m_long => "tiny-llama3.q4_k_m.long",
+    qwen3moe_f16 => "tiny-qwen3moe.f16",
+    qwen3moe_q8_0 => "tiny-qwen3moe.q8_0",
+    qwen3moe_q4_k_m => "tiny-qwen3moe.q4_k_m",
+    qwen3moe_q4_k_m_long => "tiny-qwen3moe.q4_k_m.long",
+    qwen3moe_q5_k_m => "tiny-qwen3moe.q5_k_m",
+    qwen3moe_q6_k => "tiny-qwen3moe.q6_k",
+}
+
+#[test]
+fn smollm2_instruct_q4_1() {
+    let dir = shared().join("fixtures");
+    check(&smollm2(), &dir.join("prompts-smollm2.txt"), &dir.join("smollm2-135m-instruct.q4_1.golden.jsonl"), &[]);
+}
+
+/// The same goldens with an f32 KV cache: a correct engine passes either way.
+#[test]
+fn qwen3moe_q4_k_m_f32_kv() {
+    let dir = shared().join("fixtures");
+    check(
+        &dir.join("tiny-qwen3moe.q4_k_m.gguf"),
+        &dir.join("prompts-synthetic.txt"),
+        &dir.join("tiny-qwen3moe.q4_k_m.golden.jsonl"),
+        &["--kv-type", "f32"],
+    );
+}

@@ -1,0 +1,82 @@
+//! Batch invariance: a sequence's logits are bit-identical alone or in a batch with other sequences,
+//! prefilled in one piece, in chunks or token by token, and with 1 or 2 threads.
+
+use std::path::Path;
+
+use hearth_model::{Batch, KvCache, KvType, Model, Scratch, ThreadPool};
+
+fn fixture(name: &str) -> Model {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures").join(name);
+    Model::open(&path).unwrap()
+}
+
+/// Prompts as (sequence slot, tokens).
+fn prompts(n_vocab: u32) -> Vec<Vec<u32>> {
+    let a: Vec<u32> = (0..37).map(|i| (i * 7 + 3) % n_vocab).collect();
+    let b: Vec<u32> = (0..23).map(|i| (i * 13 + 100) % n_vocab).collect();
+    vec![a, b]
+}
+
+/// Runs the sequences through the model, `chunk` tokens of each per step, all sequences' chunks in
+/// one batch when `together`; returns every position's logits per sequence.
+fn run(model: &Model, threads: usize, chunk: usize, together: bool, kv_type: KvType) -> Vec<Vec<Vec<f32>>> {
+    let c = &model.config;
+    let seqs = prompts(c.n_vocab as u32);
+    let pool = ThreadPool::new(threads);
+    let mut kv = KvCache::new(seqs.len(), c.n_layer, 64, c.k_dim(), c.v_dim(), kv_type);
+    let mut scratch = Scratch::new(model, 64);
+    let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::new(); seqs.len()];
+    let longest = seqs.iter().map(Vec::len).max().unwrap();
+    for start in (0..longest).step_by(chunk) {
+        let groups: Vec<Vec<usize>> = if together { vec![(0..seqs.len()).collect()] } else { (0..seqs.len()).map(|s| vec![s]).collect() };
+        for group in groups {
+            let (mut tokens, mut pos, mut seq) = (vec![], vec![], vec![]);
+            for &s in &group {
+                for p in start..(start + chunk).min(seqs[s].len()) {
+                    tokens.push(seqs[s][p]);
+                    pos.push(p);
+                    seq.push(s);
+                }
+            }
+            if tokens.is_empty() {
+                continue;
+            }
+            let want = vec![true; tokens.len()];
+            let batch = Batch { tokens: &tokens, pos: &pos, seq: &seq, logits: &want };
+            let logits = model.forward(&pool, &mut kv, &mut scratch, &batch, None).unwrap();
+            for (row, &s) in logits.chunks_exact(c.n_vocab).zip(&seq) {
+                out[s].push(row.to_vec());
+            }
+        }
+    }
+    out
+}
+
+fn assert_invariant(name: &str) {
+    let model = fixture(name);
+    for kv_type in [KvType::F16, KvType::F32] {
+        let reference = run(&model, 1, 64, false, kv_type);
+        for (threads, chunk, together) in [(2, 64, false), (1, 64, true), (2, 5, true), (2, 1, false), (1, 1, true), (2, 16, false)] {
+            let got = run(&model, threads, chunk, together, kv_type);
+            assert!(
+                got == reference,
+                "{name}: logits differ with {threads} threads, chunks of {chunk}, batched together: {together}, {kv_type:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn qwen3moe_is_batch_invariant() {
+    assert_invariant("tiny-qwen3moe.q4_k_m.gguf");
+}
+
+#[test]
+fn qwen2_is_batch_invariant() {
+    assert_invariant("tiny-qwen2.q4_1.gguf");
+}
+
+#[test]
+fn llama_is_batch_invariant() {
+    assert_invariant("tiny-llama3.q4_k_m.gguf");
+}
