@@ -76,7 +76,12 @@ pub fn generate(
         match stop.push(&piece) {
             StopResult::Stop(s) => {
                 emit(&s, &mut text);
-                return Ok(Generation { text, tokens, n_prefilled, finish: FinishReason::Stop });
+                return Ok(Generation {
+                    text,
+                    tokens,
+                    n_prefilled,
+                    finish: FinishReason::Stop,
+                });
             }
             StopResult::Continue(s) => {
                 if !emit(&s, &mut text) {
@@ -84,7 +89,9 @@ pub fn generate(
                 }
             }
         }
-        if params.max_tokens.is_some_and(|m| tokens.len() >= m) || session.tokens().len() + 1 > session.n_ctx() {
+        if params.max_tokens.is_some_and(|m| tokens.len() >= m)
+            || session.tokens().len() + 1 > session.n_ctx()
+        {
             break FinishReason::Length;
         }
         logits.copy_from_slice(session.extend(&[next])?);
@@ -95,5 +102,10 @@ pub fn generate(
         StopResult::Continue(s) => s + &stop.finish(),
     };
     emit(&tail, &mut text);
-    Ok(Generation { text, tokens, n_prefilled, finish })
+    Ok(Generation {
+        text,
+        tokens,
+        n_prefilled,
+        finish,
+    })
 }

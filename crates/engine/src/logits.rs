@@ -48,7 +48,14 @@ pub fn logits_report(
     if prompt.is_empty() {
         return Err(ModelError::Batch("empty prompt".into()));
     }
-    let mut kv = KvCache::new(1, c.n_layer, prompt.len() + n_gen + 1, c.k_dim(), c.v_dim(), kv_type);
+    let mut kv = KvCache::new(
+        1,
+        c.n_layer,
+        prompt.len() + n_gen + 1,
+        c.k_dim(),
+        c.v_dim(),
+        kv_type,
+    );
     let chunk = scratch.max_tokens();
     let mut per_pos = Vec::new();
     let mut last = Vec::new();
@@ -57,7 +64,12 @@ pub fn logits_report(
         let pos: Vec<usize> = (start..end).collect();
         let seq = vec![0; end - start];
         let want: Vec<bool> = (start..end).map(|p| all || p == prompt.len() - 1).collect();
-        let batch = Batch { tokens: &prompt[start..end], pos: &pos, seq: &seq, logits: &want };
+        let batch = Batch {
+            tokens: &prompt[start..end],
+            pos: &pos,
+            seq: &seq,
+            logits: &want,
+        };
         let logits = model.forward(pool, &mut kv, scratch, &batch, None)?;
         for row in logits.chunks_exact(c.n_vocab) {
             if all {
@@ -78,10 +90,21 @@ pub fn logits_report(
             break;
         }
         let pos = [prompt.len() + step];
-        let batch = Batch { tokens: &[next], pos: &pos, seq: &[0], logits: &[true] };
+        let batch = Batch {
+            tokens: &[next],
+            pos: &pos,
+            seq: &[0],
+            logits: &[true],
+        };
         last.copy_from_slice(model.forward(pool, &mut kv, scratch, &batch, None)?);
     }
-    Ok(LogitsReport { prompt: prompt.to_vec(), top_per_pos: all.then_some(per_pos), top, greedy, greedy_top })
+    Ok(LogitsReport {
+        prompt: prompt.to_vec(),
+        top_per_pos: all.then_some(per_pos),
+        top,
+        greedy,
+        greedy_top,
+    })
 }
 
 #[cfg(test)]

@@ -49,7 +49,10 @@ impl Default for SamplerConfig {
 impl SamplerConfig {
     /// Greedy decoding (temperature 0).
     pub fn greedy() -> Self {
-        SamplerConfig { temperature: 0.0, ..Default::default() }
+        SamplerConfig {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
 }
 
@@ -90,7 +93,12 @@ impl Sampler {
     /// A sampler with its generator seeded from the config.
     pub fn new(cfg: SamplerConfig) -> Sampler {
         let rng = Rng::new(cfg.seed);
-        Sampler { cfg, rng, cand: Vec::new(), counts: HashMap::new() }
+        Sampler {
+            cfg,
+            rng,
+            cand: Vec::new(),
+            counts: HashMap::new(),
+        }
     }
 
     /// The settings.
@@ -106,7 +114,8 @@ impl Sampler {
             }
         }
         let c = &self.cfg;
-        let penalize = c.repeat_penalty != 1.0 || c.presence_penalty != 0.0 || c.frequency_penalty != 0.0;
+        let penalize =
+            c.repeat_penalty != 1.0 || c.presence_penalty != 0.0 || c.frequency_penalty != 0.0;
         if !penalize || c.penalty_last_n == 0 {
             return;
         }
@@ -116,7 +125,9 @@ impl Sampler {
             *self.counts.entry(t).or_insert(0) += 1;
         }
         for (&t, &n) in &self.counts {
-            let Some(l) = logits.get_mut(t as usize) else { continue };
+            let Some(l) = logits.get_mut(t as usize) else {
+                continue;
+            };
             // As llama.cpp's penalties sampler: repetition divides/multiplies, then the OpenAI terms.
             if *l <= 0.0 {
                 *l *= c.repeat_penalty;
@@ -134,7 +145,13 @@ impl Sampler {
             return argmax(logits);
         }
         self.cand.clear();
-        self.cand.extend(logits.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, &l)| (i as u32, l)));
+        self.cand.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.is_finite())
+                .map(|(i, &l)| (i as u32, l)),
+        );
         if self.cand.is_empty() {
             return argmax(logits);
         }
@@ -146,7 +163,11 @@ impl Sampler {
         self.cand.sort_unstable_by(by_logit);
         // Probabilities at temperature 1 decide top-p and min-p, as llama.cpp's chain does before `temp`.
         let max = self.cand[0].1;
-        let probs: Vec<f64> = self.cand.iter().map(|&(_, l)| ((l - max) as f64).exp()).collect();
+        let probs: Vec<f64> = self
+            .cand
+            .iter()
+            .map(|&(_, l)| ((l - max) as f64).exp())
+            .collect();
         let total: f64 = probs.iter().sum();
         let mut keep = self.cand.len();
         if c.top_p < 1.0 {
@@ -165,7 +186,11 @@ impl Sampler {
         }
         self.cand.truncate(keep);
         let t = c.temperature as f64;
-        let weights: Vec<f64> = self.cand.iter().map(|&(_, l)| (((l - max) as f64) / t).exp()).collect();
+        let weights: Vec<f64> = self
+            .cand
+            .iter()
+            .map(|&(_, l)| (((l - max) as f64) / t).exp())
+            .collect();
         let sum: f64 = weights.iter().sum();
         let mut r = self.rng.next_f64() * sum;
         for (i, w) in weights.iter().enumerate() {
@@ -198,15 +223,32 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// `(id, log-probability)` of the `k` most likely tokens under a softmax of `logits`.
 pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max as f64 + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln();
-    crate::logits::top_k(logits, k).into_iter().map(|(i, l)| (i, (l as f64 - lse) as f32)).collect()
+    let lse = max as f64
+        + logits
+            .iter()
+            .map(|&l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln();
+    crate::logits::top_k(logits, k)
+        .into_iter()
+        .map(|(i, l)| (i, (l as f64 - lse) as f32))
+        .collect()
 }
 
 /// Log-probability of token `id` under a softmax of `logits`.
 pub fn logprob(logits: &[f32], id: u32) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max as f64 + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln();
-    (logits.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY) as f64 - lse) as f32
+    let lse = max as f64
+        + logits
+            .iter()
+            .map(|&l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln();
+    (logits
+        .get(id as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY) as f64
+        - lse) as f32
 }
 
 #[cfg(test)]
@@ -223,7 +265,14 @@ mod tests {
     fn same_seed_same_tokens() {
         let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
         let run = |seed| {
-            let mut s = Sampler::new(SamplerConfig { seed, temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() });
+            let mut s = Sampler::new(SamplerConfig {
+                seed,
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                ..Default::default()
+            });
             (0..50).map(|_| s.pick(&logits)).collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
@@ -232,7 +281,11 @@ mod tests {
 
     #[test]
     fn top_k_one_is_greedy() {
-        let mut s = Sampler::new(SamplerConfig { top_k: 1, temperature: 5.0, ..Default::default() });
+        let mut s = Sampler::new(SamplerConfig {
+            top_k: 1,
+            temperature: 5.0,
+            ..Default::default()
+        });
         for _ in 0..20 {
             assert_eq!(s.pick(&[0.0, 0.5, 3.0, 2.9]), 2);
         }
@@ -241,11 +294,23 @@ mod tests {
     #[test]
     fn min_p_and_top_p_truncate() {
         let logits = [10.0, 9.9, 0.0, -5.0];
-        let mut s = Sampler::new(SamplerConfig { top_k: 0, top_p: 1.0, min_p: 0.5, temperature: 1.0, ..Default::default() });
+        let mut s = Sampler::new(SamplerConfig {
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.5,
+            temperature: 1.0,
+            ..Default::default()
+        });
         for _ in 0..50 {
             assert!(s.pick(&logits) < 2);
         }
-        let mut s = Sampler::new(SamplerConfig { top_k: 0, top_p: 0.1, min_p: 0.0, temperature: 1.0, ..Default::default() });
+        let mut s = Sampler::new(SamplerConfig {
+            top_k: 0,
+            top_p: 0.1,
+            min_p: 0.0,
+            temperature: 1.0,
+            ..Default::default()
+        });
         for _ in 0..50 {
             assert_eq!(s.pick(&logits), 0);
         }
@@ -253,11 +318,19 @@ mod tests {
 
     #[test]
     fn penalties_and_bias() {
-        let mut s = Sampler::new(SamplerConfig { repeat_penalty: 2.0, presence_penalty: 1.0, frequency_penalty: 0.5, ..SamplerConfig::greedy() });
+        let mut s = Sampler::new(SamplerConfig {
+            repeat_penalty: 2.0,
+            presence_penalty: 1.0,
+            frequency_penalty: 0.5,
+            ..SamplerConfig::greedy()
+        });
         let mut l = [4.0, -2.0, 1.0];
         s.adjust(&mut l, &[0, 0, 1]);
         assert_eq!(l, [4.0 / 2.0 - 1.0 - 1.0, -4.0 - 1.0 - 0.5, 1.0]);
-        let mut s = Sampler::new(SamplerConfig { logit_bias: vec![(2, f32::NEG_INFINITY)], ..SamplerConfig::greedy() });
+        let mut s = Sampler::new(SamplerConfig {
+            logit_bias: vec![(2, f32::NEG_INFINITY)],
+            ..SamplerConfig::greedy()
+        });
         assert_eq!(s.sample(&mut [0.0, 1.0, 5.0], &[]), 1);
     }
 }

@@ -15,7 +15,13 @@ pub struct Session<'m> {
 
 impl<'m> Session<'m> {
     /// A session of up to `n_ctx` tokens, prefilling `n_batch` tokens per forward pass.
-    pub fn new(model: &'m Model, pool: &'m ThreadPool, n_ctx: usize, n_batch: usize, kv_type: KvType) -> Session<'m> {
+    pub fn new(
+        model: &'m Model,
+        pool: &'m ThreadPool,
+        n_ctx: usize,
+        n_batch: usize,
+        kv_type: KvType,
+    ) -> Session<'m> {
         let c = &model.config;
         Session {
             model,
@@ -61,9 +67,19 @@ impl<'m> Session<'m> {
             return Err(ModelError::Batch("empty prompt".into()));
         }
         if prompt.len() > self.n_ctx() {
-            return Err(ModelError::Batch(format!("the prompt has {} tokens, the context {}", prompt.len(), self.n_ctx())));
+            return Err(ModelError::Batch(format!(
+                "the prompt has {} tokens, the context {}",
+                prompt.len(),
+                self.n_ctx()
+            )));
         }
-        let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
+        let common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(prompt.len() - 1);
         self.tokens.truncate(common);
         self.extend(&prompt[common..])?;
         Ok(prompt.len() - common)
@@ -72,7 +88,11 @@ impl<'m> Session<'m> {
     /// Appends tokens to the sequence, computing the logits after the last one.
     pub fn extend(&mut self, new: &[u32]) -> Result<&[f32], ModelError> {
         if self.tokens.len() + new.len() > self.n_ctx() {
-            return Err(ModelError::Batch(format!("{} more tokens do not fit the context of {}", new.len(), self.n_ctx())));
+            return Err(ModelError::Batch(format!(
+                "{} more tokens do not fit the context of {}",
+                new.len(),
+                self.n_ctx()
+            )));
         }
         let n_batch = self.scratch.max_tokens();
         for chunk in new.chunks(n_batch) {
@@ -82,8 +102,15 @@ impl<'m> Session<'m> {
             let seq = vec![0usize; chunk.len()];
             let mut want = vec![false; chunk.len()];
             want[chunk.len() - 1] = true;
-            let batch = Batch { tokens: chunk, pos: &self.pos, seq: &seq, logits: &want };
-            let out = self.model.forward(self.pool, &mut self.kv, &mut self.scratch, &batch, None)?;
+            let batch = Batch {
+                tokens: chunk,
+                pos: &self.pos,
+                seq: &seq,
+                logits: &want,
+            };
+            let out =
+                self.model
+                    .forward(self.pool, &mut self.kv, &mut self.scratch, &batch, None)?;
             self.logits.copy_from_slice(out);
             self.tokens.extend_from_slice(chunk);
         }

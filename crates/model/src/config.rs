@@ -55,15 +55,24 @@ pub struct Config {
 impl Config {
     /// Reads the hyperparameters of the file's architecture.
     pub fn from_metadata(meta: &Metadata) -> Result<Config, ModelError> {
-        let arch_name = meta.get_str("general.architecture").ok_or(ModelError::NoArchitecture)?;
-        let arch = arch_spec(arch_name).ok_or_else(|| ModelError::UnsupportedArchitecture(arch_name.to_string()))?;
+        let arch_name = meta
+            .get_str("general.architecture")
+            .ok_or(ModelError::NoArchitecture)?;
+        let arch = arch_spec(arch_name)
+            .ok_or_else(|| ModelError::UnsupportedArchitecture(arch_name.to_string()))?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let req_usize = |k: &str| -> Result<usize, ModelError> {
             let full = key(k);
             match meta.get_u64(&full) {
                 Some(v) if v > 0 && v <= (1 << 24) => Ok(v as usize),
-                Some(v) => Err(ModelError::Hyperparameter { key: full, detail: Some(format!("{v} is out of range")) }),
-                None => Err(ModelError::Hyperparameter { key: full, detail: None }),
+                Some(v) => Err(ModelError::Hyperparameter {
+                    key: full,
+                    detail: Some(format!("{v} is out of range")),
+                }),
+                None => Err(ModelError::Hyperparameter {
+                    key: full,
+                    detail: None,
+                }),
             }
         };
         let opt_usize = |k: &str| -> Result<Option<usize>, ModelError> {
@@ -80,7 +89,9 @@ impl Config {
         if n_head % n_head_kv != 0 {
             return Err(ModelError::Hyperparameter {
                 key: key("attention.head_count_kv"),
-                detail: Some(format!("{n_head} query heads are not a multiple of {n_head_kv} KV heads")),
+                detail: Some(format!(
+                    "{n_head} query heads are not a multiple of {n_head_kv} KV heads"
+                )),
             });
         }
         let head_dim = match opt_usize("attention.key_length")? {
@@ -89,7 +100,9 @@ impl Config {
             None => {
                 return Err(ModelError::Hyperparameter {
                     key: key("attention.key_length"),
-                    detail: Some(format!("absent and {n_embd} is not a multiple of {n_head} heads")),
+                    detail: Some(format!(
+                        "absent and {n_embd} is not a multiple of {n_head} heads"
+                    )),
                 })
             }
         };
@@ -99,21 +112,31 @@ impl Config {
             FfnKind::Moe => opt_usize("feed_forward_length")?.unwrap_or(0),
         };
         let n_ctx_train = opt_usize("context_length")?.unwrap_or(4096);
-        let rms_eps = meta.get_f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5);
+        let rms_eps = meta
+            .get_f32(&key("attention.layer_norm_rms_epsilon"))
+            .unwrap_or(1e-5);
         if !(rms_eps.is_finite() && rms_eps >= 0.0) {
-            return Err(ModelError::Hyperparameter { key: key("attention.layer_norm_rms_epsilon"), detail: Some(format!("{rms_eps}")) });
+            return Err(ModelError::Hyperparameter {
+                key: key("attention.layer_norm_rms_epsilon"),
+                detail: Some(format!("{rms_eps}")),
+            });
         }
 
         let n_rot = opt_usize("rope.dimension_count")?.unwrap_or(head_dim);
         if n_rot > head_dim || n_rot % 2 != 0 {
             return Err(ModelError::Hyperparameter {
                 key: key("rope.dimension_count"),
-                detail: Some(format!("{n_rot} must be even and at most the head dimension {head_dim}")),
+                detail: Some(format!(
+                    "{n_rot} must be even and at most the head dimension {head_dim}"
+                )),
             });
         }
         let freq_base = meta.get_f32(&key("rope.freq_base")).unwrap_or(10000.0);
         if !(freq_base.is_finite() && freq_base > 1.0) {
-            return Err(ModelError::Hyperparameter { key: key("rope.freq_base"), detail: Some(format!("{freq_base}")) });
+            return Err(ModelError::Hyperparameter {
+                key: key("rope.freq_base"),
+                detail: Some(format!("{freq_base}")),
+            });
         }
         let scaling = meta.get_str(&key("rope.scaling.type")).unwrap_or("none");
         let factor = meta
@@ -125,30 +148,47 @@ impl Config {
             "none" => (1.0, None),
             "linear" if factor_ok => (1.0 / factor, None),
             "yarn" if factor_ok => {
-                let n_ctx_orig = opt_usize("rope.scaling.original_context_length")?.unwrap_or(n_ctx_train) as u32;
+                let n_ctx_orig = opt_usize("rope.scaling.original_context_length")?
+                    .unwrap_or(n_ctx_train) as u32;
                 // llama.cpp (llama-context.cpp) sets attn_factor = get_mscale(factor) * 1/(1 + 0.1 ln factor)
                 // so that rope_yarn's own magnitude correction is applied once; kept in f32 as there.
-                let mscale = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
+                let mscale = if factor <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * factor.ln() + 1.0
+                };
                 let attn_factor = mscale * (1.0 / (1.0 + 0.1 * factor.ln()));
-                let attn_factor = attn_factor * meta.get_f32(&key("rope.scaling.attn_factor")).unwrap_or(1.0);
+                let attn_factor = attn_factor
+                    * meta
+                        .get_f32(&key("rope.scaling.attn_factor"))
+                        .unwrap_or(1.0);
                 (
                     1.0 / factor,
                     Some(Yarn {
                         ext_factor: 1.0,
                         attn_factor,
-                        beta_fast: meta.get_f32(&key("rope.scaling.yarn_beta_fast")).unwrap_or(32.0),
-                        beta_slow: meta.get_f32(&key("rope.scaling.yarn_beta_slow")).unwrap_or(1.0),
+                        beta_fast: meta
+                            .get_f32(&key("rope.scaling.yarn_beta_fast"))
+                            .unwrap_or(32.0),
+                        beta_slow: meta
+                            .get_f32(&key("rope.scaling.yarn_beta_slow"))
+                            .unwrap_or(1.0),
                         n_ctx_orig,
                     }),
                 )
             }
             "linear" | "yarn" => {
-                return Err(ModelError::Hyperparameter { key: key("rope.scaling.factor"), detail: Some(format!("{factor}")) })
+                return Err(ModelError::Hyperparameter {
+                    key: key("rope.scaling.factor"),
+                    detail: Some(format!("{factor}")),
+                })
             }
             other => {
                 return Err(ModelError::Hyperparameter {
                     key: key("rope.scaling.type"),
-                    detail: Some(format!("unsupported RoPE scaling '{other}' (supported: none, linear, yarn)")),
+                    detail: Some(format!(
+                        "unsupported RoPE scaling '{other}' (supported: none, linear, yarn)"
+                    )),
                 })
             }
         };
@@ -161,15 +201,22 @@ impl Config {
                 if n_expert_used > n_expert {
                     return Err(ModelError::Hyperparameter {
                         key: key("expert_used_count"),
-                        detail: Some(format!("{n_expert_used} is more than expert_count {n_expert}")),
+                        detail: Some(format!(
+                            "{n_expert_used} is more than expert_count {n_expert}"
+                        )),
                     });
                 }
                 Some(MoeConfig {
                     n_expert,
                     n_expert_used,
                     n_ff_exp: req_usize("expert_feed_forward_length")?,
-                    norm_topk: meta.get_bool(&key("expert_weights_norm")).unwrap_or(arch.moe_norm_topk),
-                    weights_scale: meta.get_f32(&key("expert_weights_scale")).filter(|s| *s != 0.0).unwrap_or(1.0),
+                    norm_topk: meta
+                        .get_bool(&key("expert_weights_norm"))
+                        .unwrap_or(arch.moe_norm_topk),
+                    weights_scale: meta
+                        .get_f32(&key("expert_weights_scale"))
+                        .filter(|s| *s != 0.0)
+                        .unwrap_or(1.0),
                 })
             }
         };
@@ -185,7 +232,14 @@ impl Config {
             head_dim_v,
             n_ctx_train,
             rms_eps,
-            rope: RopeConfig { style: arch.rope, n_rot, freq_base, freq_scale, yarn, freq_factors: None },
+            rope: RopeConfig {
+                style: arch.rope,
+                n_rot,
+                freq_base,
+                freq_scale,
+                yarn,
+                freq_factors: None,
+            },
             n_vocab: 0,
             moe,
         })

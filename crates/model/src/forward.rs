@@ -40,27 +40,27 @@ pub trait Tap {
 /// Buffers of the forward pass, sized once for a maximum batch.
 pub struct Scratch {
     max_tokens: usize,
-    x: Vec<f32>,      // [T, n_embd] residual stream
-    xn: Vec<f32>,     // [T, n_embd] normed input of the current sublayer
-    q: Vec<f32>,      // [T, n_head * head_dim]
-    k: Vec<f32>,      // [T, n_head_kv * head_dim]
-    v: Vec<f32>,      // [T, n_head_kv * head_dim_v]
-    attn: Vec<f32>,   // [T, n_head * head_dim_v]
-    proj: Vec<f32>,   // [T, n_embd] output of attn_output / ffn_down
-    ffn_a: Vec<f32>,  // [T * max(1, k), max(n_ff, n_ff_exp)] gate, then SwiGLU
-    ffn_b: Vec<f32>,  // [T * max(1, k), max(n_ff, n_ff_exp)] up
-    moe_out: Vec<f32>, // [T * k, n_embd] each (token, expert) pair's down projection
-    router: Vec<f32>, // [T, n_expert]
-    sel: Vec<u32>,    // [T, k] chosen experts, by descending probability
-    sel_w: Vec<f32>,  // [T, k] their weights
+    x: Vec<f32>,        // [T, n_embd] residual stream
+    xn: Vec<f32>,       // [T, n_embd] normed input of the current sublayer
+    q: Vec<f32>,        // [T, n_head * head_dim]
+    k: Vec<f32>,        // [T, n_head_kv * head_dim]
+    v: Vec<f32>,        // [T, n_head_kv * head_dim_v]
+    attn: Vec<f32>,     // [T, n_head * head_dim_v]
+    proj: Vec<f32>,     // [T, n_embd] output of attn_output / ffn_down
+    ffn_a: Vec<f32>,    // [T * max(1, k), max(n_ff, n_ff_exp)] gate, then SwiGLU
+    ffn_b: Vec<f32>,    // [T * max(1, k), max(n_ff, n_ff_exp)] up
+    moe_out: Vec<f32>,  // [T * k, n_embd] each (token, expert) pair's down projection
+    router: Vec<f32>,   // [T, n_expert]
+    sel: Vec<u32>,      // [T, k] chosen experts, by descending probability
+    sel_w: Vec<f32>,    // [T, k] their weights
     pair_tok: Vec<u32>, // [T * k] token of each pair, grouped by expert
     pair_id: Vec<u32>,  // [T * k] pair index (t * k + slot), grouped by expert
     groups: Vec<Group>, // [n_expert]
-    cos: Vec<f32>,    // [T, n_rot / 2]
-    sin: Vec<f32>,    // [T, n_rot / 2]
+    cos: Vec<f32>,      // [T, n_rot / 2]
+    sin: Vec<f32>,      // [T, n_rot / 2]
     acts: QuantActs,
     out_rows: Vec<usize>, // [T] batch rows whose logits are wanted
-    logits: Vec<f32>, // [T, n_vocab]
+    logits: Vec<f32>,     // [T, n_vocab]
 }
 
 impl Scratch {
@@ -68,9 +68,15 @@ impl Scratch {
     pub fn new(model: &Model, max_tokens: usize) -> Scratch {
         let c = &model.config;
         let t = max_tokens.max(1);
-        let (k, n_expert, n_ff_exp) = c.moe.as_ref().map_or((1, 0, 0), |m| (m.n_expert_used, m.n_expert, m.n_ff_exp));
+        let (k, n_expert, n_ff_exp) = c
+            .moe
+            .as_ref()
+            .map_or((1, 0, 0), |m| (m.n_expert_used, m.n_expert, m.n_ff_exp));
         let ff = c.n_ff.max(n_ff_exp);
-        let widest = [c.n_embd, c.q_dim(), c.n_head * c.head_dim_v, ff].into_iter().max().unwrap_or(0);
+        let widest = [c.n_embd, c.q_dim(), c.n_head * c.head_dim_v, ff]
+            .into_iter()
+            .max()
+            .unwrap_or(0);
         Scratch {
             max_tokens: t,
             x: vec![0.0; t * c.n_embd],
@@ -129,8 +135,13 @@ impl Model {
 
         for (t, &tok) in batch.tokens.iter().enumerate() {
             let row = self.tok_embd.row(0, tok as usize);
-            dequantize_row(self.tok_embd.ty, row, &mut s.x[t * d..(t + 1) * d]).expect("checked at load");
-            c.rope.cos_sin(batch.pos[t], &mut s.cos[t * half..(t + 1) * half], &mut s.sin[t * half..(t + 1) * half]);
+            dequantize_row(self.tok_embd.ty, row, &mut s.x[t * d..(t + 1) * d])
+                .expect("checked at load");
+            c.rope.cos_sin(
+                batch.pos[t],
+                &mut s.cos[t * half..(t + 1) * half],
+                &mut s.sin[t * half..(t + 1) * half],
+            );
         }
 
         for (l, layer) in self.layers.iter().enumerate() {
@@ -142,7 +153,12 @@ impl Model {
         s.out_rows.extend((0..n).filter(|&t| batch.logits[t]));
         let n_out = s.out_rows.len();
         for (i, &t) in s.out_rows.iter().enumerate() {
-            rms_norm_into(&mut s.xn[i * d..(i + 1) * d], &s.x[t * d..(t + 1) * d], &self.output_norm, c.rms_eps);
+            rms_norm_into(
+                &mut s.xn[i * d..(i + 1) * d],
+                &s.x[t * d..(t + 1) * d],
+                &self.output_norm,
+                c.rms_eps,
+            );
         }
         if let Some(tap) = tap.as_deref_mut() {
             tap.tensor("result_norm", None, &s.xn[..n_out * d], n_out, d);
@@ -168,11 +184,17 @@ impl Model {
             )));
         }
         if n > s.max_tokens {
-            return Err(ModelError::Batch(format!("{n} tokens exceed the batch capacity {}", s.max_tokens)));
+            return Err(ModelError::Batch(format!(
+                "{n} tokens exceed the batch capacity {}",
+                s.max_tokens
+            )));
         }
         for t in 0..n {
             if b.tokens[t] as usize >= self.config.n_vocab {
-                return Err(ModelError::Batch(format!("token id {} is outside the vocabulary of {}", b.tokens[t], self.config.n_vocab)));
+                return Err(ModelError::Batch(format!(
+                    "token id {} is outside the vocabulary of {}",
+                    b.tokens[t], self.config.n_vocab
+                )));
             }
             if b.seq[t] >= kv.n_seq() || b.pos[t] >= kv.n_ctx() {
                 return Err(ModelError::Batch(format!(
@@ -188,13 +210,27 @@ impl Model {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn attention_block(&self, pool: &ThreadPool, kv: &mut KvCache, s: &mut Scratch, b: &Batch, l: usize, layer: &Layer, tap: &mut Option<&mut dyn Tap>) {
+    fn attention_block(
+        &self,
+        pool: &ThreadPool,
+        kv: &mut KvCache,
+        s: &mut Scratch,
+        b: &Batch,
+        l: usize,
+        layer: &Layer,
+        tap: &mut Option<&mut dyn Tap>,
+    ) {
         let c = &self.config;
         let n = b.tokens.len();
         let d = c.n_embd;
         let (qd, kd, vd, hd) = (c.q_dim(), c.k_dim(), c.v_dim(), c.head_dim);
         for t in 0..n {
-            rms_norm_into(&mut s.xn[t * d..(t + 1) * d], &s.x[t * d..(t + 1) * d], &layer.attn_norm, c.rms_eps);
+            rms_norm_into(
+                &mut s.xn[t * d..(t + 1) * d],
+                &s.x[t * d..(t + 1) * d],
+                &layer.attn_norm,
+                c.rms_eps,
+            );
         }
         emit(tap, "attn_norm", l, &s.xn, n, d);
 
@@ -205,9 +241,15 @@ impl Model {
         matmul(pool, &layer.wk, &s.acts, n, &mut s.k, kd);
         prepare(&mut s.acts, &mut fresh, &layer.wv, &s.xn, n);
         matmul(pool, &layer.wv, &s.acts, n, &mut s.v, vd);
-        for (buf, bias, width) in [(&mut s.q, &layer.bq, qd), (&mut s.k, &layer.bk, kd), (&mut s.v, &layer.bv, vd)] {
+        for (buf, bias, width) in [
+            (&mut s.q, &layer.bq, qd),
+            (&mut s.k, &layer.bk, kd),
+            (&mut s.v, &layer.bv, vd),
+        ] {
             if let Some(bias) = bias {
-                buf[..n * width].chunks_exact_mut(width).for_each(|row| add_assign(row, bias));
+                buf[..n * width]
+                    .chunks_exact_mut(width)
+                    .for_each(|row| add_assign(row, bias));
             }
         }
         emit(tap, "Qcur", l, &s.q, n, qd);
@@ -216,24 +258,41 @@ impl Model {
 
         // Qwen3: per-head RMSNorm of Q and K before RoPE, as HF Qwen3Attention.
         if let Some(w) = &layer.q_norm {
-            s.q[..n * qd].chunks_exact_mut(hd).for_each(|h| rms_norm(h, w, c.rms_eps));
+            s.q[..n * qd]
+                .chunks_exact_mut(hd)
+                .for_each(|h| rms_norm(h, w, c.rms_eps));
             emit(tap, "Qcur_normed", l, &s.q, n, qd);
         }
         if let Some(w) = &layer.k_norm {
-            s.k[..n * kd].chunks_exact_mut(hd).for_each(|h| rms_norm(h, w, c.rms_eps));
+            s.k[..n * kd]
+                .chunks_exact_mut(hd)
+                .for_each(|h| rms_norm(h, w, c.rms_eps));
             emit(tap, "Kcur_normed", l, &s.k, n, kd);
         }
         let half = c.rope.n_rot / 2;
         for t in 0..n {
-            let (cos, sin) = (&s.cos[t * half..(t + 1) * half], &s.sin[t * half..(t + 1) * half]);
-            s.q[t * qd..(t + 1) * qd].chunks_exact_mut(hd).for_each(|h| c.rope.rotate(h, cos, sin));
-            s.k[t * kd..(t + 1) * kd].chunks_exact_mut(hd).for_each(|h| c.rope.rotate(h, cos, sin));
+            let (cos, sin) = (
+                &s.cos[t * half..(t + 1) * half],
+                &s.sin[t * half..(t + 1) * half],
+            );
+            s.q[t * qd..(t + 1) * qd]
+                .chunks_exact_mut(hd)
+                .for_each(|h| c.rope.rotate(h, cos, sin));
+            s.k[t * kd..(t + 1) * kd]
+                .chunks_exact_mut(hd)
+                .for_each(|h| c.rope.rotate(h, cos, sin));
         }
         emit(tap, "Qcur", l, &s.q, n, qd);
         emit(tap, "Kcur", l, &s.k, n, kd);
 
         for t in 0..n {
-            kv.store(b.seq[t], l, b.pos[t], &s.k[t * kd..(t + 1) * kd], &s.v[t * vd..(t + 1) * vd]);
+            kv.store(
+                b.seq[t],
+                l,
+                b.pos[t],
+                &s.k[t * kd..(t + 1) * kd],
+                &s.v[t * vd..(t + 1) * vd],
+            );
         }
         attend(pool, c, kv, s, b, l);
         let od = c.n_head * c.head_dim_v;
@@ -248,11 +307,24 @@ impl Model {
         emit(tap, "ffn_inp", l, &s.x, n, d);
     }
 
-    fn ffn_block(&self, pool: &ThreadPool, s: &mut Scratch, n: usize, l: usize, layer: &Layer, tap: &mut Option<&mut dyn Tap>) {
+    fn ffn_block(
+        &self,
+        pool: &ThreadPool,
+        s: &mut Scratch,
+        n: usize,
+        l: usize,
+        layer: &Layer,
+        tap: &mut Option<&mut dyn Tap>,
+    ) {
         let c = &self.config;
         let d = c.n_embd;
         for t in 0..n {
-            rms_norm_into(&mut s.xn[t * d..(t + 1) * d], &s.x[t * d..(t + 1) * d], &layer.ffn_norm, c.rms_eps);
+            rms_norm_into(
+                &mut s.xn[t * d..(t + 1) * d],
+                &s.x[t * d..(t + 1) * d],
+                &layer.ffn_norm,
+                c.rms_eps,
+            );
         }
         emit(tap, "ffn_norm", l, &s.xn, n, d);
         match &layer.ffn {
@@ -267,8 +339,20 @@ impl Model {
                 s.acts.quantize(down.ty, &s.ffn_a, n, ff, ff);
                 matmul(pool, down, &s.acts, n, &mut s.proj, d);
             }
-            Ffn::Moe { gate_inp, gate_exps, up_exps, down_exps } => {
-                self.moe(pool, s, n, l, [gate_inp, gate_exps, up_exps, down_exps], tap);
+            Ffn::Moe {
+                gate_inp,
+                gate_exps,
+                up_exps,
+                down_exps,
+            } => {
+                self.moe(
+                    pool,
+                    s,
+                    n,
+                    l,
+                    [gate_inp, gate_exps, up_exps, down_exps],
+                    tap,
+                );
             }
         }
         emit(tap, "ffn_out", l, &s.proj, n, d);
@@ -281,7 +365,15 @@ impl Model {
     /// The routed FFN: softmax router, top-k, renormalised weights, each chosen expert's SwiGLU run once
     /// over all the batch's tokens routed to it, then the weighted sum in slot order (as llama.cpp's
     /// `build_moe_ffn`). Writes `s.proj`.
-    fn moe(&self, pool: &ThreadPool, s: &mut Scratch, n: usize, l: usize, w: [&Weight; 4], tap: &mut Option<&mut dyn Tap>) {
+    fn moe(
+        &self,
+        pool: &ThreadPool,
+        s: &mut Scratch,
+        n: usize,
+        l: usize,
+        w: [&Weight; 4],
+        tap: &mut Option<&mut dyn Tap>,
+    ) {
         let [gate_inp, gate_exps, up_exps, down_exps] = w;
         let c = &self.config;
         let m = c.moe.as_ref().expect("MoE layers have a MoE config");
@@ -341,18 +433,49 @@ impl Model {
                 }
             }
             if at > start {
-                s.groups.push(Group { mat: e as usize, start, n: at - start });
+                s.groups.push(Group {
+                    mat: e as usize,
+                    start,
+                    n: at - start,
+                });
             }
         }
 
         let mut fresh = false;
         prepare(&mut s.acts, &mut fresh, gate_exps, &s.xn, n);
-        matmul_gather(pool, gate_exps, &s.acts, &s.groups, Some(&s.pair_tok), Some(&s.pair_id), &mut s.ffn_a, ff);
+        matmul_gather(
+            pool,
+            gate_exps,
+            &s.acts,
+            &s.groups,
+            Some(&s.pair_tok),
+            Some(&s.pair_id),
+            &mut s.ffn_a,
+            ff,
+        );
         prepare(&mut s.acts, &mut fresh, up_exps, &s.xn, n);
-        matmul_gather(pool, up_exps, &s.acts, &s.groups, Some(&s.pair_tok), Some(&s.pair_id), &mut s.ffn_b, ff);
+        matmul_gather(
+            pool,
+            up_exps,
+            &s.acts,
+            &s.groups,
+            Some(&s.pair_tok),
+            Some(&s.pair_id),
+            &mut s.ffn_b,
+            ff,
+        );
         swiglu(&mut s.ffn_a[..n * k * ff], &s.ffn_b[..n * k * ff]);
         s.acts.quantize(down_exps.ty, &s.ffn_a, n * k, ff, ff);
-        matmul_gather(pool, down_exps, &s.acts, &s.groups, Some(&s.pair_id), Some(&s.pair_id), &mut s.moe_out, d);
+        matmul_gather(
+            pool,
+            down_exps,
+            &s.acts,
+            &s.groups,
+            Some(&s.pair_id),
+            Some(&s.pair_id),
+            &mut s.moe_out,
+            d,
+        );
 
         for t in 0..n {
             let out = &mut s.proj[t * d..(t + 1) * d];
@@ -369,7 +492,14 @@ impl Model {
     }
 }
 
-fn emit(tap: &mut Option<&mut dyn Tap>, name: &str, layer: usize, data: &[f32], rows: usize, cols: usize) {
+fn emit(
+    tap: &mut Option<&mut dyn Tap>,
+    name: &str,
+    layer: usize,
+    data: &[f32],
+    rows: usize,
+    cols: usize,
+) {
     if let Some(tap) = tap.as_deref_mut() {
         tap.tensor(name, Some(layer), &data[..rows * cols], rows, cols);
     }
@@ -377,7 +507,14 @@ fn emit(tap: &mut Option<&mut dyn Tap>, name: &str, layer: usize, data: &[f32], 
 
 /// Causal grouped-query attention of every batch row over its own sequence's cache, one task per
 /// (token, head), with an online softmax over positions `0..=pos` in order.
-fn attend(pool: &ThreadPool, c: &crate::config::Config, kv: &KvCache, s: &mut Scratch, b: &Batch, l: usize) {
+fn attend(
+    pool: &ThreadPool,
+    c: &crate::config::Config,
+    kv: &KvCache,
+    s: &mut Scratch,
+    b: &Batch,
+    l: usize,
+) {
     let n = b.tokens.len();
     let (hd, hdv, qd, kd, vd) = (c.head_dim, c.head_dim_v, c.q_dim(), c.k_dim(), c.v_dim());
     let group = c.n_head / c.n_head_kv;

@@ -27,7 +27,10 @@ impl Store {
 
     fn write(&mut self, at: usize, src: &[f32]) {
         match self {
-            Store::F16(v) => v[at..at + src.len()].iter_mut().zip(src).for_each(|(d, s)| *d = f16::from_f32(*s)),
+            Store::F16(v) => v[at..at + src.len()]
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, s)| *d = f16::from_f32(*s)),
             Store::F32(v) => v[at..at + src.len()].copy_from_slice(src),
         }
     }
@@ -53,9 +56,25 @@ pub struct KvCache {
 
 impl KvCache {
     /// A cache for `n_seq` sequences of `n_ctx` positions.
-    pub fn new(n_seq: usize, n_layer: usize, n_ctx: usize, k_dim: usize, v_dim: usize, ty: KvType) -> KvCache {
+    pub fn new(
+        n_seq: usize,
+        n_layer: usize,
+        n_ctx: usize,
+        k_dim: usize,
+        v_dim: usize,
+        ty: KvType,
+    ) -> KvCache {
         let n = n_seq * n_layer * n_ctx;
-        KvCache { n_seq, n_layer, n_ctx, k_dim, v_dim, ty, k: Store::new(ty, n * k_dim), v: Store::new(ty, n * v_dim) }
+        KvCache {
+            n_seq,
+            n_layer,
+            n_ctx,
+            k_dim,
+            v_dim,
+            ty,
+            k: Store::new(ty, n * k_dim),
+            v: Store::new(ty, n * v_dim),
+        }
     }
 
     /// Positions per sequence.

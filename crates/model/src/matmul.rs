@@ -23,7 +23,13 @@ impl QuantActs {
     /// An empty buffer with room for `max_rows` rows of `max_cols` elements of any type.
     pub fn with_capacity(max_rows: usize, max_cols: usize) -> QuantActs {
         // F32 is the widest activation type (4 bytes per element).
-        QuantActs { ty: GgmlType::F32, cols: 0, row_bytes: 0, n_rows: 0, data: Vec::with_capacity(max_rows * max_cols * 4) }
+        QuantActs {
+            ty: GgmlType::F32,
+            cols: 0,
+            row_bytes: 0,
+            n_rows: 0,
+            data: Vec::with_capacity(max_rows * max_cols * 4),
+        }
     }
 
     /// The type the rows are quantized to.
@@ -32,9 +38,18 @@ impl QuantActs {
     }
 
     /// Quantizes `n_rows` rows of `cols` floats from `x` (row stride `stride`) for products with `w_ty` weights.
-    pub fn quantize(&mut self, w_ty: GgmlType, x: &[f32], n_rows: usize, cols: usize, stride: usize) {
+    pub fn quantize(
+        &mut self,
+        w_ty: GgmlType,
+        x: &[f32],
+        n_rows: usize,
+        cols: usize,
+        stride: usize,
+    ) {
         let ty = vec_dot_type(w_ty);
-        let row_bytes = ty.row_bytes(cols as u64).expect("weight shapes were checked at load") as usize;
+        let row_bytes = ty
+            .row_bytes(cols as u64)
+            .expect("weight shapes were checked at load") as usize;
         self.ty = ty;
         self.cols = cols;
         self.row_bytes = row_bytes;
@@ -43,7 +58,8 @@ impl QuantActs {
         self.data.resize(n_rows * row_bytes, 0);
         for r in 0..n_rows {
             let dst = &mut self.data[r * row_bytes..(r + 1) * row_bytes];
-            quantize_row(ty, &x[r * stride..r * stride + cols], dst).expect("activation types have quantizers");
+            quantize_row(ty, &x[r * stride..r * stride + cols], dst)
+                .expect("activation types have quantizers");
         }
     }
 
@@ -113,6 +129,26 @@ pub fn matmul_gather(
 }
 
 /// `out[t][r] = w.row(r) · acts[t]` for the first `n` activation rows: a plain dense product.
-pub fn matmul(pool: &ThreadPool, w: &Weight, acts: &QuantActs, n: usize, out: &mut [f32], out_stride: usize) {
-    matmul_gather(pool, w, acts, &[Group { mat: 0, start: 0, n }], None, None, out, out_stride);
+pub fn matmul(
+    pool: &ThreadPool,
+    w: &Weight,
+    acts: &QuantActs,
+    n: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    matmul_gather(
+        pool,
+        w,
+        acts,
+        &[Group {
+            mat: 0,
+            start: 0,
+            n,
+        }],
+        None,
+        None,
+        out,
+        out_stride,
+    );
 }

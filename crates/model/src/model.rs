@@ -38,10 +38,15 @@ impl Model {
     /// Binds an opened file's tensors.
     pub fn load(gguf: Arc<Gguf>) -> Result<Model, ModelError> {
         let mut config = Config::from_metadata(gguf.metadata())?;
-        let mut b = Binder { gguf: &gguf, problems: Vec::new() };
+        let mut b = Binder {
+            gguf: &gguf,
+            problems: Vec::new(),
+        };
         let c = &config;
 
-        let n_vocab = gguf.tensor(&TensorRole::TokenEmbd.name(0)).map_or(0, |t| t.ne(1) as usize);
+        let n_vocab = gguf
+            .tensor(&TensorRole::TokenEmbd.name(0))
+            .map_or(0, |t| t.ne(1) as usize);
         let tok_embd = b.matrix(TensorRole::TokenEmbd, 0, [c.n_embd, n_vocab, 1]);
         let output_norm = b.vector(TensorRole::OutputNorm, 0, c.n_embd, Presence::Required);
         let output = if gguf.tensor(&TensorRole::Output.name(0)).is_some() {
@@ -49,7 +54,12 @@ impl Model {
         } else {
             None // tied embeddings: the LM head reads token_embd
         };
-        let freq_factors = b.vector(TensorRole::RopeFreqs, 0, c.rope.n_rot / 2, Presence::Optional);
+        let freq_factors = b.vector(
+            TensorRole::RopeFreqs,
+            0,
+            c.rope.n_rot / 2,
+            Presence::Optional,
+        );
 
         let arch = c.arch;
         let mut layers = Vec::with_capacity(c.n_layer);
@@ -58,7 +68,11 @@ impl Model {
             let wq = b.matrix(TensorRole::AttnQ, l, [c.n_embd, c.q_dim(), 1]);
             let wk = b.matrix(TensorRole::AttnK, l, [c.n_embd, c.k_dim(), 1]);
             let wv = b.matrix(TensorRole::AttnV, l, [c.n_embd, c.v_dim(), 1]);
-            let wo = b.matrix(TensorRole::AttnOutput, l, [c.n_head * c.head_dim_v, c.n_embd, 1]);
+            let wo = b.matrix(
+                TensorRole::AttnOutput,
+                l,
+                [c.n_head * c.head_dim_v, c.n_embd, 1],
+            );
             let bq = b.vector(TensorRole::AttnQBias, l, c.q_dim(), arch.qkv_bias);
             let bk = b.vector(TensorRole::AttnKBias, l, c.k_dim(), arch.qkv_bias);
             let bv = b.vector(TensorRole::AttnVBias, l, c.v_dim(), arch.qkv_bias);
@@ -68,12 +82,26 @@ impl Model {
             let ffn = match (arch.ffn, &c.moe) {
                 (FfnKind::Moe, Some(m)) => {
                     let gate_inp = b.matrix(TensorRole::FfnGateInp, l, [c.n_embd, m.n_expert, 1]);
-                    let gate_exps = b.matrix(TensorRole::FfnGateExps, l, [c.n_embd, m.n_ff_exp, m.n_expert]);
-                    let up_exps = b.matrix(TensorRole::FfnUpExps, l, [c.n_embd, m.n_ff_exp, m.n_expert]);
-                    let down_exps = b.matrix(TensorRole::FfnDownExps, l, [m.n_ff_exp, c.n_embd, m.n_expert]);
+                    let gate_exps = b.matrix(
+                        TensorRole::FfnGateExps,
+                        l,
+                        [c.n_embd, m.n_ff_exp, m.n_expert],
+                    );
+                    let up_exps =
+                        b.matrix(TensorRole::FfnUpExps, l, [c.n_embd, m.n_ff_exp, m.n_expert]);
+                    let down_exps = b.matrix(
+                        TensorRole::FfnDownExps,
+                        l,
+                        [m.n_ff_exp, c.n_embd, m.n_expert],
+                    );
                     match (gate_inp, gate_exps, up_exps, down_exps) {
                         (Some(gate_inp), Some(gate_exps), Some(up_exps), Some(down_exps)) => {
-                            Some(Ffn::Moe { gate_inp, gate_exps, up_exps, down_exps })
+                            Some(Ffn::Moe {
+                                gate_inp,
+                                gate_exps,
+                                up_exps,
+                                down_exps,
+                            })
                         }
                         _ => None,
                     }
@@ -88,10 +116,30 @@ impl Model {
                     }
                 }
             };
-            if let (Some(attn_norm), Some(wq), Some(wk), Some(wv), Some(wo), Some(ffn_norm), Some(ffn)) =
-                (attn_norm, wq, wk, wv, wo, ffn_norm, ffn)
+            if let (
+                Some(attn_norm),
+                Some(wq),
+                Some(wk),
+                Some(wv),
+                Some(wo),
+                Some(ffn_norm),
+                Some(ffn),
+            ) = (attn_norm, wq, wk, wv, wo, ffn_norm, ffn)
             {
-                layers.push(Layer { attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, ffn_norm, ffn });
+                layers.push(Layer {
+                    attn_norm,
+                    wq,
+                    wk,
+                    wv,
+                    wo,
+                    bq,
+                    bk,
+                    bv,
+                    q_norm,
+                    k_norm,
+                    ffn_norm,
+                    ffn,
+                });
             }
         }
         if !b.problems.is_empty() {
@@ -102,7 +150,14 @@ impl Model {
         };
         config.n_vocab = n_vocab;
         config.rope.freq_factors = freq_factors;
-        Ok(Model { config, tok_embd, output_norm, output, layers, gguf })
+        Ok(Model {
+            config,
+            tok_embd,
+            output_norm,
+            output,
+            layers,
+            gguf,
+        })
     }
 
     /// The file the weights live in.
@@ -147,20 +202,30 @@ impl Binder<'_> {
         let got = trim(t.dims.clone());
         let want = trim(expected.iter().map(|&d| d as u64).collect());
         if got != want {
-            self.problems.push(format!("tensor {} has shape {:?}, expected {:?}", t.name, got, want));
+            self.problems.push(format!(
+                "tensor {} has shape {:?}, expected {:?}",
+                t.name, got, want
+            ));
             return false;
         }
         true
     }
 
     /// A small f32 vector (norm weights, biases, frequency factors), dequantized once at load.
-    fn vector(&mut self, role: TensorRole, layer: usize, len: usize, presence: Presence) -> Option<Vec<f32>> {
+    fn vector(
+        &mut self,
+        role: TensorRole,
+        layer: usize,
+        len: usize,
+        presence: Presence,
+    ) -> Option<Vec<f32>> {
         let t = self.find(role, layer, presence)?.clone();
         if !self.shape_ok(&t, &[len]) {
             return None;
         }
         if !can_dequantize(t.ty) {
-            self.problems.push(format!("tensor {} has unsupported type {}", t.name, t.ty));
+            self.problems
+                .push(format!("tensor {} has unsupported type {}", t.name, t.ty));
             return None;
         }
         let mut v = vec![0f32; len];
@@ -178,7 +243,10 @@ impl Binder<'_> {
             return None;
         }
         if !can_dequantize(t.ty) || matches!(t.ty, GgmlType::Q8_1 | GgmlType::Q8_K) {
-            self.problems.push(format!("tensor {} has type {}, which Hearth does not support for weights", t.name, t.ty));
+            self.problems.push(format!(
+                "tensor {} has type {}, which Hearth does not support for weights",
+                t.name, t.ty
+            ));
             return None;
         }
         let data = self.gguf.tensor_data(&t);

@@ -66,7 +66,10 @@ mod tests {
 
     #[test]
     fn names_match_llama_cpp() {
-        assert_eq!(TensorRole::FfnGateExps.name(3), "blk.3.ffn_gate_exps.weight");
+        assert_eq!(
+            TensorRole::FfnGateExps.name(3),
+            "blk.3.ffn_gate_exps.weight"
+        );
         assert_eq!(TensorRole::AttnQBias.name(0), "blk.0.attn_q.bias");
         assert_eq!(TensorRole::Output.name(7), "output.weight");
     }

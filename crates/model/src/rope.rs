@@ -50,15 +50,30 @@ impl RopeConfig {
         let half = self.n_rot / 2;
         let theta_scale = self.freq_base.powf(-2.0 / self.n_rot as f32);
         let (ext_factor, attn_factor, corr) = match &self.yarn {
-            Some(y) => {
-                (y.ext_factor, y.attn_factor, yarn_corr_dims(self.n_rot, y.n_ctx_orig, self.freq_base, y.beta_fast, y.beta_slow))
-            }
+            Some(y) => (
+                y.ext_factor,
+                y.attn_factor,
+                yarn_corr_dims(
+                    self.n_rot,
+                    y.n_ctx_orig,
+                    self.freq_base,
+                    y.beta_fast,
+                    y.beta_slow,
+                ),
+            ),
             None => (0.0, 1.0, [0.0, 0.0]),
         };
         let mut theta = pos as f32;
         for i in 0..half {
             let ff = self.freq_factors.as_ref().map_or(1.0, |f| f[i]);
-            let (c, s) = rope_yarn(theta / ff, self.freq_scale, corr, 2 * i, ext_factor, attn_factor);
+            let (c, s) = rope_yarn(
+                theta / ff,
+                self.freq_scale,
+                corr,
+                2 * i,
+                ext_factor,
+                attn_factor,
+            );
             cos[i] = c;
             sin[i] = s;
             theta *= theta_scale;
@@ -94,7 +109,14 @@ fn rope_yarn_ramp(low: f32, high: f32, i0: usize) -> f32 {
 
 /// ggml's `rope_yarn`: the angle mixes interpolation and extrapolation by the ramp, and the
 /// magnitude grows by `1 + 0.1 ln(1/freq_scale)` when YaRN is on.
-fn rope_yarn(theta_extrap: f32, freq_scale: f32, corr: [f32; 2], i0: usize, ext_factor: f32, mut mscale: f32) -> (f32, f32) {
+fn rope_yarn(
+    theta_extrap: f32,
+    freq_scale: f32,
+    corr: [f32; 2],
+    i0: usize,
+    ext_factor: f32,
+    mut mscale: f32,
+) -> (f32, f32) {
     let theta_interp = freq_scale * theta_extrap;
     let mut theta = theta_interp;
     if ext_factor != 0.0 {
@@ -106,10 +128,17 @@ fn rope_yarn(theta_extrap: f32, freq_scale: f32, corr: [f32; 2], i0: usize, ext_
 }
 
 fn yarn_corr_dim(n_dims: usize, n_ctx_orig: u32, n_rot: f32, base: f32) -> f32 {
-    n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln())
+    n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+        / (2.0 * base.ln())
 }
 
-fn yarn_corr_dims(n_dims: usize, n_ctx_orig: u32, base: f32, beta_fast: f32, beta_slow: f32) -> [f32; 2] {
+fn yarn_corr_dims(
+    n_dims: usize,
+    n_ctx_orig: u32,
+    base: f32,
+    beta_fast: f32,
+    beta_slow: f32,
+) -> [f32; 2] {
     let start = yarn_corr_dim(n_dims, n_ctx_orig, beta_fast, base).floor();
     let end = yarn_corr_dim(n_dims, n_ctx_orig, beta_slow, base).ceil();
     [start.max(0.0), end.min(n_dims as f32 - 1.0)]
@@ -120,7 +149,14 @@ mod tests {
     use super::*;
 
     fn plain(style: RopeStyle) -> RopeConfig {
-        RopeConfig { style, n_rot: 4, freq_base: 10000.0, freq_scale: 1.0, yarn: None, freq_factors: None }
+        RopeConfig {
+            style,
+            n_rot: 4,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+            yarn: None,
+            freq_factors: None,
+        }
     }
 
     #[test]

@@ -44,7 +44,13 @@ impl ThreadPool {
     pub fn new(n_threads: usize) -> ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
-            state: Mutex::new(State { generation: 0, job: None, n_tasks: 0, running: 0, shutdown: false }),
+            state: Mutex::new(State {
+                generation: 0,
+                job: None,
+                n_tasks: 0,
+                running: 0,
+                shutdown: false,
+            }),
             start: Condvar::new(),
             done: Condvar::new(),
             next: AtomicUsize::new(0),
@@ -58,7 +64,11 @@ impl ThreadPool {
                     .expect("spawning a worker thread")
             })
             .collect();
-        ThreadPool { shared, workers, n_threads }
+        ThreadPool {
+            shared,
+            workers,
+            n_threads,
+        }
     }
 
     /// Number of threads that run tasks (caller included).
@@ -76,9 +86,11 @@ impl ThreadPool {
             return;
         }
         // SAFETY: we erase the lifetime of `f`; every worker finishes with it before we return below.
-        let job = JobPtr(unsafe {
-            std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(f)
-        } as *const Job);
+        let job =
+            JobPtr(
+                unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(f) }
+                    as *const Job,
+            );
         {
             let mut st = self.shared.state.lock().unwrap();
             self.shared.next.store(0, Ordering::SeqCst);
@@ -119,7 +131,10 @@ fn worker(shared: &Shared) {
                 return;
             }
             seen = st.generation;
-            (st.job.expect("a job is set with each generation"), st.n_tasks)
+            (
+                st.job.expect("a job is set with each generation"),
+                st.n_tasks,
+            )
         };
         // SAFETY: `run` keeps the job alive until `running` drops to zero.
         let f: &Job = unsafe { &*job.0 };

@@ -32,9 +32,24 @@ unsafe impl Sync for Weight {}
 impl Weight {
     /// # Safety
     /// `data` must stay valid and unchanged for the lifetime of the returned weight.
-    pub(crate) unsafe fn new(name: String, ty: GgmlType, dims: [usize; 3], row_bytes: usize, data: &[u8]) -> Weight {
+    pub(crate) unsafe fn new(
+        name: String,
+        ty: GgmlType,
+        dims: [usize; 3],
+        row_bytes: usize,
+        data: &[u8],
+    ) -> Weight {
         debug_assert_eq!(data.len(), row_bytes * dims[1] * dims[2]);
-        Weight { name, ty, cols: dims[0], rows: dims[1], n_mat: dims[2], row_bytes, ptr: data.as_ptr(), len: data.len() }
+        Weight {
+            name,
+            ty,
+            cols: dims[0],
+            rows: dims[1],
+            n_mat: dims[2],
+            row_bytes,
+            ptr: data.as_ptr(),
+            len: data.len(),
+        }
     }
 
     /// All bytes of the tensor.

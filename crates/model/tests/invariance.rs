@@ -6,7 +6,9 @@ use std::path::Path;
 use hearth_model::{Batch, KvCache, KvType, Model, Scratch, ThreadPool};
 
 fn fixture(name: &str) -> Model {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures")
+        .join(name);
     Model::open(&path).unwrap()
 }
 
@@ -19,7 +21,13 @@ fn prompts(n_vocab: u32) -> Vec<Vec<u32>> {
 
 /// Runs the sequences through the model, `chunk` tokens of each per step, all sequences' chunks in
 /// one batch when `together`; returns every position's logits per sequence.
-fn run(model: &Model, threads: usize, chunk: usize, together: bool, kv_type: KvType) -> Vec<Vec<Vec<f32>>> {
+fn run(
+    model: &Model,
+    threads: usize,
+    chunk: usize,
+    together: bool,
+    kv_type: KvType,
+) -> Vec<Vec<Vec<f32>>> {
     let c = &model.config;
     let seqs = prompts(c.n_vocab as u32);
     let pool = ThreadPool::new(threads);
@@ -28,7 +36,11 @@ fn run(model: &Model, threads: usize, chunk: usize, together: bool, kv_type: KvT
     let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::new(); seqs.len()];
     let longest = seqs.iter().map(Vec::len).max().unwrap();
     for start in (0..longest).step_by(chunk) {
-        let groups: Vec<Vec<usize>> = if together { vec![(0..seqs.len()).collect()] } else { (0..seqs.len()).map(|s| vec![s]).collect() };
+        let groups: Vec<Vec<usize>> = if together {
+            vec![(0..seqs.len()).collect()]
+        } else {
+            (0..seqs.len()).map(|s| vec![s]).collect()
+        };
         for group in groups {
             let (mut tokens, mut pos, mut seq) = (vec![], vec![], vec![]);
             for &s in &group {
@@ -42,8 +54,15 @@ fn run(model: &Model, threads: usize, chunk: usize, together: bool, kv_type: KvT
                 continue;
             }
             let want = vec![true; tokens.len()];
-            let batch = Batch { tokens: &tokens, pos: &pos, seq: &seq, logits: &want };
-            let logits = model.forward(&pool, &mut kv, &mut scratch, &batch, None).unwrap();
+            let batch = Batch {
+                tokens: &tokens,
+                pos: &pos,
+                seq: &seq,
+                logits: &want,
+            };
+            let logits = model
+                .forward(&pool, &mut kv, &mut scratch, &batch, None)
+                .unwrap();
             for (row, &s) in logits.chunks_exact(c.n_vocab).zip(&seq) {
                 out[s].push(row.to_vec());
             }
@@ -56,7 +75,14 @@ fn assert_invariant(name: &str) {
     let model = fixture(name);
     for kv_type in [KvType::F16, KvType::F32] {
         let reference = run(&model, 1, 64, false, kv_type);
-        for (threads, chunk, together) in [(2, 64, false), (1, 64, true), (2, 5, true), (2, 1, false), (1, 1, true), (2, 16, false)] {
+        for (threads, chunk, together) in [
+            (2, 64, false),
+            (1, 64, true),
+            (2, 5, true),
+            (2, 1, false),
+            (1, 1, true),
+            (2, 16, false),
+        ] {
             let got = run(&model, threads, chunk, together, kv_type);
             assert!(
                 got == reference,

@@ -1,0 +1,151 @@
+//! The loader checks every required tensor, shape, type and hyperparameter up front and names every
+//! problem in one error.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use hearth_gguf::{Gguf, GgufBuilder, Value};
+use hearth_model::{Model, ModelError};
+use hearth_quant::GgmlType;
+
+/// Rebuilds a fixture with its metadata and tensors passed through `edit_kv` / `edit_tensor`
+/// (returning `None` drops the entry).
+fn rebuilt(
+    name: &str,
+    edit_kv: impl Fn(&str, &Value) -> Option<Value>,
+    edit_tensor: impl Fn(&str, GgmlType, &[u64]) -> Option<(GgmlType, Vec<u64>)>,
+) -> Result<Model, ModelError> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures")
+        .join(name);
+    let src = Gguf::open(path).unwrap();
+    let mut b = GgufBuilder::new();
+    for (k, v) in src.metadata().iter() {
+        if k == "general.alignment" {
+            continue;
+        }
+        if let Some(v) = edit_kv(k, v) {
+            b = b.kv(k, v);
+        }
+    }
+    for t in src.tensors() {
+        if let Some((ty, dims)) = edit_tensor(&t.name, t.ty, &t.dims) {
+            let n: u64 = dims.iter().product();
+            let bytes = ty.row_bytes(dims[0]).unwrap() * (n / dims[0]);
+            let mut data = src.tensor_data(t).to_vec();
+            data.resize(bytes as usize, 0);
+            b = b.tensor(t.name.clone(), ty, &dims, data);
+        }
+    }
+    Model::load(Arc::new(Gguf::from_bytes(b.build().unwrap()).unwrap()))
+}
+
+fn keep_kv(_: &str, v: &Value) -> Option<Value> {
+    Some(v.clone())
+}
+
+fn keep_tensor(_: &str, ty: GgmlType, dims: &[u64]) -> Option<(GgmlType, Vec<u64>)> {
+    Some((ty, dims.to_vec()))
+}
+
+#[test]
+fn unchanged_fixture_loads() {
+    let m = rebuilt("tiny-qwen3moe.q4_k_m.gguf", keep_kv, keep_tensor).unwrap();
+    assert_eq!(m.config.moe.as_ref().unwrap().n_expert, 8);
+    assert_eq!(m.config.head_dim, 64);
+}
+
+#[test]
+fn every_tensor_problem_is_listed() {
+    let err = rebuilt(
+        "tiny-qwen3moe.q4_k_m.gguf",
+        keep_kv,
+        |name, ty, dims| match name {
+            "blk.1.attn_k_norm.weight" | "blk.0.ffn_gate_exps.weight" => None,
+            "blk.0.ffn_up_exps.weight" => Some((ty, vec![dims[0], dims[1], 4])),
+            "blk.1.attn_q.weight" => Some((ty, vec![dims[0], 256])),
+            _ => Some((ty, dims.to_vec())),
+        },
+    )
+    .err()
+    .expect("a broken model must not load");
+    let text = err.to_string();
+    for needle in [
+        "missing tensor blk.1.attn_k_norm.weight",
+        "missing tensor blk.0.ffn_gate_exps.weight",
+        "tensor blk.0.ffn_up_exps.weight has shape [256, 256, 4], expected [256, 256, 8]",
+        "tensor blk.1.attn_q.weight has shape [256, 256], expected [256, 512]",
+    ] {
+        assert!(text.contains(needle), "missing `{needle}` in:\n{text}");
+    }
+}
+
+#[test]
+fn unsupported_weight_type_is_named() {
+    let err = rebuilt("tiny-qwen3.q4_0.gguf", keep_kv, |name, ty, dims| {
+        Some((
+            if name == "blk.0.ffn_down.weight" {
+                GgmlType::IQ2_XXS
+            } else {
+                ty
+            },
+            dims.to_vec(),
+        ))
+    })
+    .err()
+    .unwrap();
+    assert!(
+        err.to_string()
+            .contains("blk.0.ffn_down.weight has type IQ2_XXS"),
+        "{err}"
+    );
+}
+
+#[test]
+fn hyperparameter_errors_name_the_key() {
+    type Edit = Box<dyn Fn(&str, &Value) -> Option<Value>>;
+    let set = |key: &'static str, to: Value| -> Edit {
+        Box::new(move |k, v| Some(if k == key { to.clone() } else { v.clone() }))
+    };
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "tiny-qwen3moe.q4_k_m.gguf",
+            set("general.architecture", Value::String("gptj".into())),
+            "unsupported architecture 'gptj'",
+        ),
+        (
+            "tiny-qwen3moe.q4_k_m.gguf",
+            Box::new(|k, v| (k != "qwen3moe.block_count").then(|| v.clone())),
+            "qwen3moe.block_count",
+        ),
+        (
+            "tiny-qwen3moe.q4_k_m.gguf",
+            set("qwen3moe.expert_used_count", Value::U32(9)),
+            "9 is more than expert_count 8",
+        ),
+        (
+            "tiny-qwen3moe.q4_k_m.gguf",
+            set("qwen3moe.attention.head_count_kv", Value::U32(3)),
+            "not a multiple of 3 KV heads",
+        ),
+        (
+            "tiny-qwen3-yarn.q8_0.gguf",
+            set("qwen3.rope.scaling.type", Value::String("longrope".into())),
+            "unsupported RoPE scaling 'longrope'",
+        ),
+        (
+            "tiny-qwen3-yarn.q8_0.gguf",
+            set("qwen3.rope.scaling.factor", Value::F32(f32::NAN)),
+            "qwen3.rope.scaling.factor",
+        ),
+    ];
+    for (file, edit, needle) in cases {
+        let err = rebuilt(file, edit, keep_tensor)
+            .err()
+            .unwrap_or_else(|| panic!("{file} loaded despite: {needle}"));
+        assert!(
+            err.to_string().contains(needle),
+            "expected `{needle}`: {err}"
+        );
+    }
+}
