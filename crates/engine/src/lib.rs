@@ -3,12 +3,14 @@
 
 #![deny(missing_docs)]
 
+pub mod chat;
 pub mod generate;
 pub mod logits;
 pub mod sampler;
 pub mod session;
 pub mod stop;
 
+pub use chat::ChatEncoder;
 pub use generate::{generate, FinishReason, GenParams, Generation};
 pub use logits::{logits_report, top_k, LogitsReport};
 pub use sampler::{Sampler, SamplerConfig};

@@ -6,7 +6,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use hearth_engine::{generate, GenParams, Session};
+use hearth_engine::{generate, ChatEncoder, GenParams, Session};
 use hearth_tokenizer::template::ChatInput;
 use serde_json::json;
 
@@ -42,6 +42,7 @@ pub fn run(args: Args) -> Result<()> {
     let m = args.model.load()?;
     let template = chat_template(&m, args.chat_template.as_ref())?;
     let tok = &m.tokenizer;
+    let encoder = ChatEncoder::new(tok);
     let mut session = Session::new(&m.model, &m.pool, m.n_ctx, 512, m.kv_type);
     let params = GenParams { max_tokens: args.n_predict, sampler: args.sampling.config()?, stop: args.sampling.stop.clone() };
     let mut kwargs = serde_json::Map::new();
@@ -83,8 +84,8 @@ pub fn run(args: Args) -> Result<()> {
             bos_token: tok.bos_id().map(|id| tok.token_text(id).to_string()).unwrap_or_default(),
             eos_token: tok.eos_id().map(|id| tok.token_text(id).to_string()).unwrap_or_default(),
         };
-        let rendered = template.render(&input).context("rendering the chat template")?;
-        let prompt = tok.encode_with_specials(&rendered, tok.add_bos(), true); // FIXME: escape content specials
+        let rendered = encoder.render(&template, &input).context("rendering the chat template")?;
+        let prompt = encoder.encode(tok, &rendered);
         if prompt.len() >= session.n_ctx() {
             eprintln!("error: the conversation ({} tokens) no longer fits the context of {}; /clear to start over", prompt.len(), session.n_ctx());
             messages.pop();
