@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate Hearth's Hugging Face tokenizer vectors for the Qwen3 tokenizer.
+"""Generate Hearth's tokenizer vectors: Hugging Face's ids for Qwen3 and llama.cpp's for GGUF vocabularies.
 
 Writes crates/tokenizer/testdata/tokenizer/qwen3_hf.jsonl: a header line
 {"meta": {...}} and then one {"s": text, "ids": [...]} per string, where ids are what the
@@ -13,10 +13,21 @@ the file is reproducible:
 
 The Rust test (crates/tokenizer/tests/tokenizer_hf.rs) converts the same tokenizer.json with
 hearth_tokenizer::hf and checks every string, plus decode(encode(s)) == s.
+
+With --llama-cpp ORACLE (tools/llama_tokenize_oracle.c built against a llama.cpp checkout, e.g.
+the one vendored in PyPI's llama-cpp-python sdist), it also writes
+crates/tokenizer/testdata/tokenizer/llamacpp_<vocab>.jsonl: llama.cpp's llama_tokenize ids of the
+first LLAMA_CPP_STRINGS strings above (referenced by index, to keep the files small) for each GGUF
+vocabulary of ../shared/tokenizers/llama.cpp-vocab, SmolLM2 and a tiny fixture, with add_special and
+parse_special varied per string (crates/tokenizer/tests/tokenizer_llamacpp.rs checks them).
 """
 
+import argparse
 import json
+import os
 import random
+import struct
+import subprocess
 import sys
 import unicodedata
 from pathlib import Path
@@ -28,6 +39,15 @@ TOKENIZER = ROOT / ".." / "shared" / "tokenizers" / "qwen3" / "tokenizer.json"
 OUT = ROOT / "crates" / "tokenizer" / "testdata" / "tokenizer" / "qwen3_hf.jsonl"
 SEED = 20261129
 N_STRINGS = 2400
+LLAMA_CPP_STRINGS = int(os.environ.get("HEARTH_LLAMA_CPP_STRINGS", "500"))  # committed: 500
+SHARED = ROOT / ".." / "shared"
+GGUF_VOCABS = {
+    name: SHARED / "tokenizers" / "llama.cpp-vocab" / f"ggml-vocab-{name}.gguf"
+    for name in ["qwen2", "llama-bpe", "gpt-2", "deepseek-coder", "llama-spm", "phi-3"]
+}
+GGUF_VOCABS["smollm2"] = Path(os.environ.get(
+    "HEARTH_SMOLLM2", ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+GGUF_VOCABS["tiny-qwen3"] = SHARED / "fixtures" / "tiny-qwen3.q4_0.gguf"
 
 WORDS = (
     "the quick brown fox jumps over lazy dog tokenizer model weights layer attention "
@@ -157,7 +177,41 @@ def make_string(r, i):
     return unicodedata.normalize("NFC", s)
 
 
+def flags(i):
+    """(add_special, parse_special) for the i-th string: every combination, deterministically."""
+    return (i % 3 == 0, i % 2 == 1)
+
+
+def llama_cpp_vectors(oracle, strings):
+    for name, path in GGUF_VOCABS.items():
+        records = bytearray()
+        n = min(LLAMA_CPP_STRINGS, len(strings))
+        for i in range(n):
+            add, parse = flags(i)
+            b = strings[i].encode("utf-8")
+            records += struct.pack("<BBI", add, parse, len(b)) + b
+        res = subprocess.run([oracle, str(path)], input=bytes(records), capture_output=True, check=True).stdout
+        out = ROOT / "crates" / "tokenizer" / "testdata" / "tokenizer" / f"llamacpp_{name}.jsonl"
+        pos = 0
+        with out.open("w", encoding="utf-8") as f:
+            meta = {"vocab": name, "strings": "qwen3_hf.jsonl", "count": n,
+                    "oracle": "llama_tokenize of llama.cpp as vendored in llama-cpp-python 0.3.36"}
+            f.write(json.dumps({"meta": meta}) + "\n")
+            for i in range(n):
+                (k,) = struct.unpack_from("<i", res, pos)
+                pos += 4
+                ids = list(struct.unpack_from(f"<{k}i", res, pos))
+                pos += 4 * k
+                add, parse = flags(i)
+                f.write(json.dumps({"i": i, "add_special": add, "parse_special": parse, "ids": ids},
+                                   separators=(",", ":")) + "\n")
+        print(f"wrote {n} llama.cpp vectors to {out} ({out.stat().st_size} bytes)", file=sys.stderr)
+
+
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-cpp", metavar="ORACLE", help="also write llama.cpp vectors with this oracle binary")
+    args = ap.parse_args()
     tok = tokenizers.Tokenizer.from_file(str(TOKENIZER))
     r = random.Random(SEED)
     seen = set()
@@ -187,6 +241,8 @@ def main():
             ids = tok.encode(s, add_special_tokens=False).ids
             f.write(json.dumps({"s": s, "ids": ids}, ensure_ascii=False, separators=(",", ":")) + "\n")
     print(f"wrote {len(strings)} strings to {OUT} ({OUT.stat().st_size} bytes)", file=sys.stderr)
+    if args.llama_cpp:
+        llama_cpp_vectors(args.llama_cpp, strings)
 
 
 if __name__ == "__main__":
