@@ -2,7 +2,7 @@
 
 use crate::block::{cast_blocks, cast_blocks_mut, Block};
 use crate::error::QuantError;
-use crate::{dot, float, iq4, iq4_quantize, k_quantize, k_quants as k, legacy as l, GgmlType};
+use crate::{float, iq4, iq4_quantize, k_quantize, k_quants as k, legacy as l, GgmlType};
 
 /// Whether [`dequantize_row`] handles `ty`.
 pub fn can_dequantize(ty: GgmlType) -> bool {
@@ -111,8 +111,19 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 }
 
 /// Quantizes one row `src` to `ty` into `dst`, which must be exactly the row's bytes. Matches ggml's
-/// `quantize_row_*_ref` (and gguf-py's `quantize` where it has one) bit for bit.
+/// `quantize_row_*_ref` (and gguf-py's `quantize` where it has one) bit for bit; Q8_0, Q8_1, Q8_K
+/// and F16 use the SIMD quantizers of [`crate::simd`] where the CPU has them (bit-identical for
+/// finite input).
 pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    crate::simd::quantize_row_at(crate::simd::kernel_level(), ty, src, dst)
+}
+
+/// [`quantize_row`] with the reference quantizers only.
+pub(crate) fn quantize_row_scalar(
+    ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
     use GgmlType::*;
     if !has_quantizer(ty) {
         return Err(QuantError::NoQuantizer(ty));
@@ -150,13 +161,15 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
 }
 
 /// Dot product of one weight row `w` of `ty` (`n` elements) with one activation row `a` already
-/// quantized to [`vec_dot_type`]`(ty)`, exactly as ggml's scalar `ggml_vec_dot_*_generic`.
+/// quantized to [`vec_dot_type`]`(ty)`, with the fastest kernel this CPU runs
+/// ([`crate::simd::kernel_level`]). At [`crate::simd::Level::Scalar`] this is exactly ggml's scalar
+/// `ggml_vec_dot_*_generic`; the SIMD levels compute the same integer sums and differ only in the
+/// order of the f32 accumulation (see [`crate::simd`]).
 ///
 /// # Panics
 /// On programmer error only: a type without a dot product ([`has_vec_dot`]), `n` not a whole number
 /// of blocks, or slices that are not exactly one row. Callers validate shapes when loading a model.
 pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
-    use GgmlType::*;
     assert!(has_vec_dot(ty), "vec_dot: no dot product for {ty}");
     let wlen = row_len(ty, n).unwrap_or_else(|e| panic!("vec_dot: {e}"));
     let alen = row_len(vec_dot_type(ty), n).unwrap_or_else(|e| panic!("vec_dot: {e}"));
@@ -166,22 +179,5 @@ pub fn vec_dot(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
         w.len(),
         a.len()
     );
-    match ty {
-        F32 => float::vec_dot_f32(n, w, a),
-        F16 => float::vec_dot_f16(n, w, a),
-        BF16 => float::vec_dot_bf16(n, w, a),
-        Q4_0 => dot::vec_dot_q4_0_q8_0(n, blocks(w), blocks(a)),
-        Q4_1 => dot::vec_dot_q4_1_q8_1(n, blocks(w), blocks(a)),
-        Q5_0 => dot::vec_dot_q5_0_q8_0(n, blocks(w), blocks(a)),
-        Q5_1 => dot::vec_dot_q5_1_q8_1(n, blocks(w), blocks(a)),
-        Q8_0 => dot::vec_dot_q8_0_q8_0(n, blocks(w), blocks(a)),
-        IQ4_NL => dot::vec_dot_iq4_nl_q8_0(n, blocks(w), blocks(a)),
-        Q2_K => dot::vec_dot_q2_k_q8_k(n, blocks(w), blocks(a)),
-        Q3_K => dot::vec_dot_q3_k_q8_k(n, blocks(w), blocks(a)),
-        Q4_K => dot::vec_dot_q4_k_q8_k(n, blocks(w), blocks(a)),
-        Q5_K => dot::vec_dot_q5_k_q8_k(n, blocks(w), blocks(a)),
-        Q6_K => dot::vec_dot_q6_k_q8_k(n, blocks(w), blocks(a)),
-        IQ4_XS => dot::vec_dot_iq4_xs_q8_k(n, blocks(w), blocks(a)),
-        _ => unreachable!("has_vec_dot covers the arms above"),
-    }
+    crate::simd::vec_dot_checked(crate::simd::kernel_level(), ty, n, w, a)
 }

@@ -20,8 +20,11 @@
 //! products bit for bit against ggml's generic C kernels and within 1e-4 of the f64 dot of the
 //! dequantized operands.
 //!
-//! Entry points by type: [`dequantize_row`], [`quantize_row`], [`vec_dot_type`], [`vec_dot`]. The
-//! typed functions and block structs are public too, as the scalar twins of future SIMD kernels.
+//! Entry points by type: [`dequantize_row`], [`quantize_row`], [`vec_dot_type`], [`vec_dot`], and for
+//! prefill [`vec_dot_tile`] / [`vec_dot_rows`] (one weight row against several activation rows,
+//! bit-identical to [`vec_dot`] element by element). [`vec_dot`] and the Q8 quantizers run the SIMD
+//! kernels of [`simd`] (AVX2, AVX-512), picked once at run time ([`kernel_level`]); the typed scalar
+//! functions and block structs stay public as the oracles those kernels are tested against.
 //! Types outside the 17 are refused with [`QuantError::Unsupported`] naming them.
 
 #![deny(missing_docs)]
@@ -40,6 +43,7 @@ pub mod iq4_quantize;
 pub mod k_quantize;
 pub mod k_quants;
 pub mod legacy;
+pub mod simd;
 mod types;
 
 pub use api::{
@@ -66,4 +70,5 @@ pub use legacy::{
     quantize_row_q5_0, quantize_row_q5_1, quantize_row_q8_0, quantize_row_q8_1, BlockQ4_0,
     BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1,
 };
+pub use simd::{kernel_level, vec_dot_rows, vec_dot_tile, Level};
 pub use types::{GgmlType, ALL_TYPES};

@@ -6,7 +6,8 @@
 mod common;
 
 use common::{data_lines, f32s, unhex};
-use hearth_quant::{quantize_row, vec_dot, GgmlType};
+use hearth_quant::simd::{vec_dot_at, Level};
+use hearth_quant::{quantize_row, GgmlType};
 use std::collections::BTreeSet;
 
 #[test]
@@ -34,7 +35,9 @@ fn quantizers_and_dots_match_ggml_reference_bit_for_bit() {
             "D" => {
                 let (w, a) = (unhex(f[3]), unhex(f[4]));
                 let want = f32::from_bits(u32::from_str_radix(f[5], 16).unwrap());
-                let got = vec_dot(ty, n, &w, &a);
+                // The scalar twins are the ports of ggml's generic kernels; `vec_dot` may run SIMD
+                // kernels, which are checked against these twins in tests/simd.rs.
+                let got = vec_dot_at(Level::Scalar, ty, n, &w, &a);
                 assert_eq!(
                     got.to_bits(),
                     want.to_bits(),

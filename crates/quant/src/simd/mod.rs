@@ -1,0 +1,365 @@
+//! SIMD dot products and activation quantizers for x86-64, picked at run time.
+//!
+//! Three [`Level`]s exist: `Scalar` (the reference kernels in [`crate::dot`] / [`crate::float`]),
+//! `Avx2` (AVX2 + FMA + F16C) and `Avx512` (AVX-512 F/BW/VL/VNNI on top of AVX2). The CPU is probed
+//! once with `is_x86_feature_detected!`; the environment variable `HEARTH_KERNELS=scalar|avx2|avx512`
+//! caps the level (a level the CPU lacks falls back to the best one it has). Nothing is chosen at
+//! compile time, so one binary runs everywhere; on other architectures everything is scalar.
+//!
+//! Every SIMD kernel computes the same integer sums as its scalar twin (exactly) and differs only in
+//! the order of the final f32 accumulation. Each kernel is written once as a *tile*: one weight row
+//! against `N` (1..=[`MAX_TILE`]) activation rows, with per-activation accumulators and a reduction
+//! order that does not depend on `N`. The single-row dot is the tile with `N = 1`, so
+//! [`vec_dot_tile`] is bit-identical to [`crate::vec_dot`] at the same level for every element,
+//! whatever the batch or tile size (batch invariance).
+//!
+//! Activation quants must lie in `-127..=127`, as every quantizer in this crate writes them: the
+//! signed 8-bit products use the `sign` trick of llama.cpp, which cannot represent `-(-128)`.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod quantize;
+
+use crate::api::{has_vec_dot, row_len, vec_dot_type};
+use crate::block::{cast_blocks, Block};
+use crate::{dot, float, GgmlType, QuantError};
+use std::sync::OnceLock;
+
+/// Most activation rows one kernel pass handles; longer lists are processed in passes of this many.
+/// Four keeps the per-activation accumulators of every kernel within the 16 AVX2 registers.
+pub const MAX_TILE: usize = 4;
+
+/// A kernel level, from slowest to fastest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Level {
+    /// The reference kernels (any architecture).
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/BW/VL/VNNI (implies [`Level::Avx2`]); types without a 512-bit kernel use AVX2.
+    Avx512,
+}
+
+impl Level {
+    /// Lower-case name, as `HEARTH_KERNELS` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Scalar => "scalar",
+            Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
+        }
+    }
+
+    /// Parses a `HEARTH_KERNELS` value.
+    pub fn from_name(s: &str) -> Option<Level> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "scalar" => Some(Level::Scalar),
+            "avx2" => Some(Level::Avx2),
+            "avx512" => Some(Level::Avx512),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The best level this CPU supports (ignores `HEARTH_KERNELS`).
+pub fn cpu_level() -> Level {
+    static CPU: OnceLock<Level> = OnceLock::new();
+    *CPU.get_or_init(detect_cpu)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_cpu() -> Level {
+    let avx2 = is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c");
+    let avx512 = avx2
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni");
+    if avx512 {
+        Level::Avx512
+    } else if avx2 {
+        Level::Avx2
+    } else {
+        Level::Scalar
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect_cpu() -> Level {
+    Level::Scalar
+}
+
+/// The level [`crate::vec_dot`], [`vec_dot_tile`] and [`crate::quantize_row`] use: the CPU's best,
+/// capped by `HEARTH_KERNELS` if set. Decided once per process.
+pub fn kernel_level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let cpu = cpu_level();
+        match std::env::var("HEARTH_KERNELS") {
+            Ok(v) => match Level::from_name(&v) {
+                Some(want) => want.min(cpu),
+                None => {
+                    // A typo must not silently pick a level the user did not ask for without a word.
+                    eprintln!("hearth-quant: ignoring HEARTH_KERNELS={v:?} (expected scalar, avx2 or avx512)");
+                    cpu
+                }
+            },
+            Err(_) => cpu,
+        }
+    })
+}
+
+/// Every level this CPU can run, slowest first (for tests and benchmarks).
+pub fn available_levels() -> Vec<Level> {
+    [Level::Scalar, Level::Avx2, Level::Avx512]
+        .into_iter()
+        .filter(|&l| l <= cpu_level())
+        .collect()
+}
+
+fn blocks<B: Block>(src: &[u8]) -> &[B] {
+    cast_blocks(src).expect("length checked by the caller")
+}
+
+fn check_level(level: Level) {
+    assert!(
+        level <= cpu_level(),
+        "kernel level {level} requested but this CPU only supports {}",
+        cpu_level()
+    );
+}
+
+/// Checks `ty`, `n` and the weight row; returns the activation row length in bytes.
+fn check_shapes(ty: GgmlType, n: usize, w: &[u8]) -> usize {
+    assert!(has_vec_dot(ty), "vec_dot: no dot product for {ty}");
+    let wlen = row_len(ty, n).unwrap_or_else(|e| panic!("vec_dot: {e}"));
+    let alen = row_len(vec_dot_type(ty), n).unwrap_or_else(|e| panic!("vec_dot: {e}"));
+    assert!(
+        w.len() == wlen,
+        "vec_dot {ty}: weight row of {} bytes, expected {wlen}",
+        w.len()
+    );
+    alen
+}
+
+/// [`crate::vec_dot`] at an explicit level (which must be in [`available_levels`]).
+///
+/// # Panics
+/// As [`crate::vec_dot`], and if the CPU cannot run `level`.
+pub fn vec_dot_at(level: Level, ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut out = [0.0f32];
+    vec_dot_rows_at(level, ty, n, w, &[a], &mut out);
+    out[0]
+}
+
+/// The single dot at `level` once [`crate::vec_dot`] has checked the shapes.
+pub(crate) fn vec_dot_checked(level: Level, ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut out = [0.0f32];
+    tile(level, ty, n, w, &[a], &mut out);
+    out[0]
+}
+
+/// The scalar reference dot (the oracle), after the shapes were checked.
+fn scalar_dot(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+    use GgmlType::*;
+    match ty {
+        F32 => float::vec_dot_f32(n, w, a),
+        F16 => float::vec_dot_f16(n, w, a),
+        BF16 => float::vec_dot_bf16(n, w, a),
+        Q4_0 => dot::vec_dot_q4_0_q8_0(n, blocks(w), blocks(a)),
+        Q4_1 => dot::vec_dot_q4_1_q8_1(n, blocks(w), blocks(a)),
+        Q5_0 => dot::vec_dot_q5_0_q8_0(n, blocks(w), blocks(a)),
+        Q5_1 => dot::vec_dot_q5_1_q8_1(n, blocks(w), blocks(a)),
+        Q8_0 => dot::vec_dot_q8_0_q8_0(n, blocks(w), blocks(a)),
+        IQ4_NL => dot::vec_dot_iq4_nl_q8_0(n, blocks(w), blocks(a)),
+        Q2_K => dot::vec_dot_q2_k_q8_k(n, blocks(w), blocks(a)),
+        Q3_K => dot::vec_dot_q3_k_q8_k(n, blocks(w), blocks(a)),
+        Q4_K => dot::vec_dot_q4_k_q8_k(n, blocks(w), blocks(a)),
+        Q5_K => dot::vec_dot_q5_k_q8_k(n, blocks(w), blocks(a)),
+        Q6_K => dot::vec_dot_q6_k_q8_k(n, blocks(w), blocks(a)),
+        IQ4_XS => dot::vec_dot_iq4_xs_q8_k(n, blocks(w), blocks(a)),
+        _ => unreachable!("has_vec_dot covers the arms above"),
+    }
+}
+
+/// One weight row against several activation rows at an explicit level:
+/// `out[j] = w · acts[j]`, each element bit-identical to [`vec_dot_at`]`(level, ty, n, w, acts[j])`.
+///
+/// # Panics
+/// On programmer error: a type without a dot product, `n` not a whole number of blocks, rows of
+/// the wrong length, `out.len() != acts.len()`, or a level the CPU cannot run.
+pub fn vec_dot_rows_at(
+    level: Level,
+    ty: GgmlType,
+    n: usize,
+    w: &[u8],
+    acts: &[&[u8]],
+    out: &mut [f32],
+) {
+    check_level(level);
+    let alen = check_shapes(ty, n, w);
+    assert_eq!(
+        acts.len(),
+        out.len(),
+        "vec_dot_rows: one output per activation row"
+    );
+    for a in acts {
+        assert!(
+            a.len() == alen,
+            "vec_dot {ty}: activation row of {} bytes, expected {alen}",
+            a.len()
+        );
+    }
+    for (a, o) in acts.chunks(MAX_TILE).zip(out.chunks_mut(MAX_TILE)) {
+        tile(level, ty, n, w, a, o);
+    }
+}
+
+/// One pass of at most [`MAX_TILE`] activation rows; shapes already checked.
+fn tile(level: Level, ty: GgmlType, n: usize, w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level >= Level::Avx512 {
+            // SAFETY: `check_level` proved the CPU has AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C;
+            // the shapes were checked by the caller.
+            if unsafe { avx512::tile(ty, n, w, acts, out) } {
+                return;
+            }
+        }
+        if level >= Level::Avx2 {
+            // SAFETY: `check_level` proved the CPU has AVX2, FMA and F16C; shapes were checked.
+            if unsafe { avx2::tile(ty, n, w, acts, out) } {
+                return;
+            }
+        }
+    }
+    let _ = level;
+    for (a, o) in acts.iter().zip(out.iter_mut()) {
+        *o = scalar_dot(ty, n, w, a);
+    }
+}
+
+/// [`vec_dot_rows_at`] at [`kernel_level`].
+pub fn vec_dot_rows(ty: GgmlType, n: usize, w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
+    vec_dot_rows_at(kernel_level(), ty, n, w, acts, out)
+}
+
+/// One weight row against `n_acts` activation rows stored back to back:
+/// `out[j] = vec_dot(ty, n, w_row, acts[j * act_row_bytes .. j * act_row_bytes + row])` for
+/// `j < n_acts`, where `row` is the activation row length of `n` elements of
+/// [`vec_dot_type`]`(ty)` (`act_row_bytes >= row` allows padded rows). Each element is
+/// bit-identical to [`crate::vec_dot`] at the same [`kernel_level`], for any `n_acts`.
+///
+/// The weight row is decoded once per pass of up to [`MAX_TILE`] activation rows, so prefill reads
+/// and unpacks each weight block `n_acts / MAX_TILE` times instead of `n_acts` times.
+///
+/// # Panics
+/// As [`vec_dot_rows_at`]; also if `acts` is shorter than `n_acts` rows of `act_row_bytes` or
+/// `out` is shorter than `n_acts`.
+pub fn vec_dot_tile(
+    ty: GgmlType,
+    n: usize,
+    w_row: &[u8],
+    acts: &[u8],
+    act_row_bytes: usize,
+    n_acts: usize,
+    out: &mut [f32],
+) {
+    vec_dot_tile_at(
+        kernel_level(),
+        ty,
+        n,
+        w_row,
+        acts,
+        act_row_bytes,
+        n_acts,
+        out,
+    )
+}
+
+/// [`vec_dot_tile`] at an explicit level.
+#[allow(clippy::too_many_arguments)]
+pub fn vec_dot_tile_at(
+    level: Level,
+    ty: GgmlType,
+    n: usize,
+    w_row: &[u8],
+    acts: &[u8],
+    act_row_bytes: usize,
+    n_acts: usize,
+    out: &mut [f32],
+) {
+    let alen = check_shapes(ty, n, w_row);
+    assert!(
+        act_row_bytes >= alen,
+        "vec_dot_tile: act_row_bytes {act_row_bytes} < row {alen}"
+    );
+    assert!(out.len() >= n_acts, "vec_dot_tile: out shorter than n_acts");
+    let need = n_acts
+        .checked_sub(1)
+        .map_or(Some(0), |k| {
+            k.checked_mul(act_row_bytes)
+                .and_then(|b| b.checked_add(alen))
+        })
+        .expect("vec_dot_tile: activation extent overflows");
+    assert!(
+        acts.len() >= need,
+        "vec_dot_tile: {} activation bytes, need {need}",
+        acts.len()
+    );
+    let mut j0 = 0;
+    while j0 < n_acts {
+        let m = (n_acts - j0).min(MAX_TILE);
+        let rows: [&[u8]; MAX_TILE] = std::array::from_fn(|k| {
+            let j = j0 + k.min(m - 1);
+            &acts[j * act_row_bytes..j * act_row_bytes + alen]
+        });
+        vec_dot_rows_at(level, ty, n, w_row, &rows[..m], &mut out[j0..j0 + m]);
+        j0 += m;
+    }
+}
+
+/// [`crate::quantize_row`] at an explicit level: the SIMD quantizers (Q8_0, Q8_1, Q8_K, F16) are
+/// bit-identical to the reference ones for finite input; other types use the reference quantizer.
+pub fn quantize_row_at(
+    level: Level,
+    ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
+    check_level(level);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level >= Level::Avx2
+            && matches!(
+                ty,
+                GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8_K | GgmlType::F16
+            )
+        {
+            let expected = row_len(ty, src.len())?;
+            if dst.len() != expected {
+                return Err(QuantError::BadLength {
+                    ty,
+                    expected,
+                    got: dst.len(),
+                    what: "destination row",
+                });
+            }
+            // SAFETY: `check_level` proved AVX2/FMA/F16C; lengths were checked above.
+            unsafe { quantize::quantize_row(ty, src, dst) };
+            return Ok(());
+        }
+    }
+    crate::api::quantize_row_scalar(ty, src, dst)
+}
