@@ -11,6 +11,8 @@
 mod compare;
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -328,7 +330,13 @@ pub fn run(args: Args) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        print_human(&report);
+        let mut o = String::new();
+        print_human(&mut o, &report);
+        // A closed pipe (`| head`) is not an error worth a message.
+        match std::io::stdout().lock().write_all(o.as_bytes()) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+            _ => {}
+        }
     }
     if let Some(cmp) = &report.compare {
         if let Some(first) = &cmp.first_divergence {
@@ -345,11 +353,12 @@ fn fmt_stats(name: &str, s: &Stats) -> String {
     )
 }
 
-fn print_human(r: &Report) {
-    println!("model   {}", r.model);
-    println!("tokens  {} {:?}", r.tokens.len(), r.tokens);
-    println!();
-    println!(
+fn print_human(o: &mut String, r: &Report) {
+    let _ = writeln!(o, "model   {}", r.model);
+    let _ = writeln!(o, "tokens  {} {:?}", r.tokens.len(), r.tokens);
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
         "{:>5} {:<9} {:>10} {:>10} {:>10} {:>10} {:>11} {:>4} {:>4}",
         "layer", "tensor", "mean", "std", "min", "max", "L2", "NaN", "Inf"
     );
@@ -360,7 +369,7 @@ fn print_human(r: &Report) {
             ("l_out", &l.l_out),
         ] {
             if let Some(s) = s {
-                println!("{:>5} {}", l.layer, fmt_stats(name, s));
+                let _ = writeln!(o, "{:>5} {}", l.layer, fmt_stats(name, s));
             }
         }
     }
@@ -370,10 +379,12 @@ fn print_human(r: &Report) {
         .filter_map(|l| l.moe.as_ref().map(|m| (l.layer, m)))
         .collect();
     if !moe.is_empty() {
-        println!();
-        println!("experts (per layer: load balance, then each token's experts with their weights and router mass)");
+        let _ = writeln!(o);
+        let _ = writeln!(
+ o, "experts (per layer: load balance, then each token's experts with their weights and router mass)");
         for (l, m) in moe {
-            println!(
+            let _ = writeln!(
+                o,
                 "layer {l}: max/mean load {:.2}, load entropy {:.3}, {} of {} experts unused",
                 m.max_over_mean,
                 m.entropy,
@@ -387,28 +398,28 @@ fn print_human(r: &Report) {
                 .filter(|(_, &c)| c > 0)
                 .map(|(e, c)| format!("{e}:{c}"))
                 .collect();
-            println!("  load  {}", hist.join(" "));
+            let _ = writeln!(o, "  load  {}", hist.join(" "));
             for (t, (e, w)) in m.experts.iter().zip(&m.weights).enumerate() {
                 let pairs: Vec<String> = e
                     .iter()
                     .zip(w)
                     .map(|(e, w)| format!("{e}({w:.2})"))
                     .collect();
-                println!("  t{t:<4} {}  mass {:.3}", pairs.join(" "), m.mass[t]);
+                let _ = writeln!(o, "  t{t:<4} {}  mass {:.3}", pairs.join(" "), m.mass[t]);
             }
         }
     }
-    println!();
+    let _ = writeln!(o);
     if r.anomalies.is_empty() {
-        println!("anomalies: none");
+        let _ = writeln!(o, "anomalies: none");
     } else {
-        println!("anomalies:");
+        let _ = writeln!(o, "anomalies:");
         for a in &r.anomalies {
-            println!("  {a}");
+            let _ = writeln!(o, "  {a}");
         }
     }
     if let Some(c) = &r.compare {
-        println!();
-        compare::print_human(c);
+        let _ = writeln!(o);
+        compare::print_human(o, c);
     }
 }

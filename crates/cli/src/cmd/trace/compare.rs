@@ -18,6 +18,7 @@
 //! a missing norm, a wrong prompt) gives NMSE of order 1. The threshold sits between the two.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -260,12 +261,14 @@ pub fn compare(trace: &LlamaTrace, ours: &[Emitted]) -> Comparison {
 }
 
 /// The comparison as a table.
-pub fn print_human(c: &Comparison) {
-    println!(
+pub fn print_human(o: &mut String, c: &Comparison) {
+    let _ = writeln!(
+        o,
         "comparison with llama.cpp (NMSE threshold {:.0e})",
         c.threshold_nmse
     );
-    println!(
+    let _ = writeln!(
+        o,
         "{:<28} {:<9} {:>12} {:>12} {:>10} {:>10}",
         "tensor", "op", "max|diff|", "max|ref|", "rel", "NMSE"
     );
@@ -274,7 +277,8 @@ pub fn print_human(c: &Comparison) {
             Some(h) => format!("{} ={}", r.name, h),
             None => r.name.clone(),
         };
-        println!(
+        let _ = writeln!(
+            o,
             "{:<28} {:<9} {:>12.4e} {:>12.4e} {:>10.2e} {:>10.2e}{}{}",
             name,
             r.op,
@@ -290,10 +294,14 @@ pub fn print_human(c: &Comparison) {
         );
     }
     if let Some((name, nmse)) = &c.worst {
-        println!("worst: {name} NMSE {nmse:.3e}");
+        let _ = writeln!(o, "worst: {name} NMSE {nmse:.3e}");
     }
     match &c.first_divergence {
-        Some(f) => println!("first divergence: {f}"),
-        None => println!("no divergence over {} tensors", c.compared),
+        Some(f) => {
+            let _ = writeln!(o, "first divergence: {f}");
+        }
+        None => {
+            let _ = writeln!(o, "no divergence over {} tensors", c.compared);
+        }
     }
 }
