@@ -1,42 +1,42 @@
 //! A persistent thread pool for the forward pass.
 //!
-//! Work is expressed as `n_tasks` independent tasks; workers claim task indices from an atomic counter.
+//! Work is expressed as `n_tasks` independent tasks; threads claim task indices from an atomic counter.
 //! Which thread runs a task never changes what the task computes, so results do not depend on the
 //! thread count (each output element is reduced by exactly one task, in a fixed order).
+//!
+//! A forward pass issues hundreds of small parallel steps, so hand-off latency matters: workers spin
+//! on the generation counter for a short while before parking on a condition variable, and the caller
+//! spins until the last worker is done.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 type Job = dyn Fn(usize) + Sync;
 
+/// Spins before a worker parks (a few tens of microseconds).
+const SPIN_LIMIT: u32 = 1 << 14;
+
 struct Shared {
-    state: Mutex<State>,
-    start: Condvar,
-    done: Condvar,
+    generation: AtomicU64,
+    job: AtomicPtr<JobRef>,
+    n_tasks: AtomicUsize,
     next: AtomicUsize,
+    pending: AtomicUsize,
+    shutdown: AtomicBool,
+    lock: Mutex<()>,
+    wake: Condvar,
 }
 
-struct State {
-    generation: u64,
-    job: Option<JobPtr>,
-    n_tasks: usize,
-    running: usize,
-    shutdown: bool,
-}
-
-/// A type-erased pointer to the job of the current generation. It is only dereferenced while
-/// [`ThreadPool::run`] is blocked waiting for every worker to finish, so the borrow it erases is live.
-#[derive(Clone, Copy)]
-struct JobPtr(*const Job);
-// SAFETY: the pointee is `Sync` and outlives every use (see `JobPtr`).
-unsafe impl Send for JobPtr {}
+/// A fat `&dyn Fn` behind a thin pointer, so it fits an `AtomicPtr`.
+struct JobRef(*const Job);
 
 /// A fixed set of worker threads that run batches of indexed tasks.
 pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     n_threads: usize,
+    running: Mutex<()>,
 }
 
 impl ThreadPool {
@@ -44,16 +44,14 @@ impl ThreadPool {
     pub fn new(n_threads: usize) -> ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                generation: 0,
-                job: None,
-                n_tasks: 0,
-                running: 0,
-                shutdown: false,
-            }),
-            start: Condvar::new(),
-            done: Condvar::new(),
+            generation: AtomicU64::new(0),
+            job: AtomicPtr::new(std::ptr::null_mut()),
+            n_tasks: AtomicUsize::new(0),
             next: AtomicUsize::new(0),
+            pending: AtomicUsize::new(0),
+            shutdown: AtomicBool::new(false),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
         });
         let workers = (1..n_threads)
             .map(|i| {
@@ -68,6 +66,7 @@ impl ThreadPool {
             shared,
             workers,
             n_threads,
+            running: Mutex::new(()),
         }
     }
 
@@ -85,27 +84,35 @@ impl ThreadPool {
             (0..n_tasks).for_each(f);
             return;
         }
-        // SAFETY: we erase the lifetime of `f`; every worker finishes with it before we return below.
-        let job =
-            JobPtr(
-                unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(f) }
-                    as *const Job,
-            );
+        // One batch at a time per pool (callers on several threads queue here).
+        let _guard = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let sh = &*self.shared;
+        // SAFETY: the erased borrow of `f` is only used by workers before `pending` reaches zero,
+        // and we do not return before that.
+        let f_static =
+            unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(f) };
+        let mut job = JobRef(f_static as *const Job);
+        sh.job.store(&mut job, Ordering::Relaxed);
+        sh.n_tasks.store(n_tasks, Ordering::Relaxed);
+        sh.next.store(0, Ordering::Relaxed);
+        sh.pending.store(self.workers.len(), Ordering::Relaxed);
+        sh.generation.fetch_add(1, Ordering::Release);
         {
-            let mut st = self.shared.state.lock().unwrap();
-            self.shared.next.store(0, Ordering::SeqCst);
-            st.job = Some(job);
-            st.n_tasks = n_tasks;
-            st.running = self.workers.len();
-            st.generation += 1;
-            self.shared.start.notify_all();
+            // Under the lock, so a worker about to park sees either the new generation or the notify.
+            let _l = sh.lock.lock().unwrap_or_else(|e| e.into_inner());
+            sh.wake.notify_all();
         }
-        drain(&self.shared, f, n_tasks);
-        let mut st = self.shared.state.lock().unwrap();
-        while st.running > 0 {
-            st = self.shared.done.wait(st).unwrap();
+        drain(sh, f, n_tasks);
+        let mut spins = 0u32;
+        while sh.pending.load(Ordering::Acquire) != 0 {
+            spins += 1;
+            if spins < SPIN_LIMIT {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
-        st.job = None;
+        sh.job.store(std::ptr::null_mut(), Ordering::Relaxed);
     }
 }
 
@@ -119,38 +126,46 @@ fn drain(shared: &Shared, f: &(dyn Fn(usize) + Sync + '_), n_tasks: usize) {
     }
 }
 
-fn worker(shared: &Shared) {
+fn worker(sh: &Shared) {
     let mut seen = 0u64;
     loop {
-        let (job, n_tasks) = {
-            let mut st = shared.state.lock().unwrap();
-            while st.generation == seen && !st.shutdown {
-                st = shared.start.wait(st).unwrap();
-            }
-            if st.shutdown {
+        let mut spins = 0u32;
+        loop {
+            if sh.shutdown.load(Ordering::Acquire) {
                 return;
             }
-            seen = st.generation;
-            (
-                st.job.expect("a job is set with each generation"),
-                st.n_tasks,
-            )
-        };
-        // SAFETY: `run` keeps the job alive until `running` drops to zero.
-        let f: &Job = unsafe { &*job.0 };
-        drain(shared, f, n_tasks);
-        let mut st = shared.state.lock().unwrap();
-        st.running -= 1;
-        if st.running == 0 {
-            shared.done.notify_all();
+            if sh.generation.load(Ordering::Acquire) != seen {
+                break;
+            }
+            spins += 1;
+            if spins < SPIN_LIMIT {
+                std::hint::spin_loop();
+                continue;
+            }
+            let guard = sh.lock.lock().unwrap_or_else(|e| e.into_inner());
+            if sh.generation.load(Ordering::Acquire) == seen && !sh.shutdown.load(Ordering::Acquire)
+            {
+                drop(sh.wake.wait(guard).unwrap_or_else(|e| e.into_inner()));
+            }
+            spins = 0;
         }
+        seen = sh.generation.load(Ordering::Acquire);
+        // SAFETY: `run` published the job before bumping the generation and keeps it alive until
+        // `pending` drops to zero, which this worker has not signalled yet.
+        let job = unsafe { &*sh.job.load(Ordering::Relaxed) };
+        let f: &Job = unsafe { &*job.0 };
+        drain(sh, f, sh.n_tasks.load(Ordering::Relaxed));
+        sh.pending.fetch_sub(1, Ordering::Release);
     }
 }
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
-        self.shared.state.lock().unwrap().shutdown = true;
-        self.shared.start.notify_all();
+        self.shared.shutdown.store(true, Ordering::Release);
+        {
+            let _l = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
@@ -159,7 +174,7 @@ impl Drop for ThreadPool {
 
 /// A raw pointer to a mutable output buffer shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
-pub(crate) struct SharedMut<T>(pub *mut T);
+pub(crate) struct SharedMut<T>(*mut T);
 // SAFETY: users guarantee that tasks write disjoint elements and that the buffer outlives the run.
 unsafe impl<T: Send> Send for SharedMut<T> {}
 unsafe impl<T: Send> Sync for SharedMut<T> {}
@@ -168,10 +183,12 @@ impl<T> SharedMut<T> {
     pub(crate) fn new(s: &mut [T]) -> Self {
         SharedMut(s.as_mut_ptr())
     }
+
     /// The raw pointer (a method, so closures capture the `Sync` wrapper, not the field).
     pub(crate) fn ptr(&self) -> *mut T {
         self.0
     }
+
     /// # Safety
     /// `start..start+len` must be in bounds and written by one task only.
     #[allow(clippy::mut_from_ref)]
@@ -197,5 +214,21 @@ mod tests {
                 assert_eq!(sum.into_inner(), (n * (n + 1) / 2) as u64);
             }
         }
+    }
+
+    #[test]
+    fn many_small_batches_and_idle_parking() {
+        let pool = ThreadPool::new(3);
+        let count = AtomicU64::new(0);
+        for round in 0..2000 {
+            pool.run(5, &|_| {
+                count.fetch_add(1, Ordering::Relaxed);
+            });
+            if round == 1000 {
+                // Long enough for the workers to park.
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        assert_eq!(count.into_inner(), 10_000);
     }
 }
