@@ -184,7 +184,8 @@ impl Gguf {
         self.alignment
     }
 
-    /// Absolute file offset of the tensor data section.
+    /// Absolute file offset of the tensor data section: the header's end rounded up to the alignment.
+    /// A file with no tensors may end before it (llama.cpp's vocabulary-only files are not padded).
     pub fn data_offset(&self) -> u64 {
         self.data_offset
     }
