@@ -194,17 +194,31 @@ def llama_cpp_vectors(oracle, strings):
         out = ROOT / "crates" / "tokenizer" / "testdata" / "tokenizer" / f"llamacpp_{name}.jsonl"
         pos = 0
         with out.open("w", encoding="utf-8") as f:
+            info = json.loads(subprocess.run([oracle, str(path), "--info"], capture_output=True,
+                                             check=True).stdout)
             meta = {"vocab": name, "strings": "qwen3_hf.jsonl", "count": n,
-                    "oracle": "llama_tokenize of llama.cpp as vendored in llama-cpp-python 0.3.36"}
+                    "oracle": "llama_tokenize of llama.cpp as vendored in llama-cpp-python 0.3.36",
+                    "info": info}
             f.write(json.dumps({"meta": meta}) + "\n")
             for i in range(n):
                 (k,) = struct.unpack_from("<i", res, pos)
                 pos += 4
                 ids = list(struct.unpack_from(f"<{k}i", res, pos))
                 pos += 4 * k
+                (m,) = struct.unpack_from("<i", res, pos)
+                pos += 4
+                detok = res[pos:pos + m]
+                pos += m
                 add, parse = flags(i)
-                f.write(json.dumps({"i": i, "add_special": add, "parse_special": parse, "ids": ids},
-                                   separators=(",", ":")) + "\n")
+                rec = {"i": i, "add_special": add, "parse_special": parse, "ids": ids}
+                # llama_detokenize(ids, remove_special=false, unparse_special=parse_special), stored
+                # only where it is not the input itself (as hex when it is not valid UTF-8).
+                if detok != strings[i].encode("utf-8"):
+                    try:
+                        rec["detok"] = detok.decode("utf-8")
+                    except UnicodeDecodeError:
+                        rec["detok_hex"] = detok.hex()
+                f.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
         print(f"wrote {n} llama.cpp vectors to {out} ({out.stat().st_size} bytes)", file=sys.stderr)
 
 

@@ -308,12 +308,16 @@ impl Tokenizer {
         // way becomes a control token. (llama.cpp walks a hash map; we walk ids in order.)
         let mut fim: [Option<u32>; 6] = [None; 6];
         let fim_lists = [FIM_PRE, FIM_SUF, FIM_MID, FIM_PAD, FIM_REP, FIM_SEP];
+        // llama.cpp takes whichever EOT text its hash map yields first; we take the first of the
+        // list that exists ("<|eot_id|>", then "<|im_end|>", ...), the real end of turn.
+        if eot.is_none() {
+            if let Some(&id) = EOT_TEXTS.iter().find_map(|t| ids.get(*t)) {
+                eot = Some(id);
+                attrs[id as usize] |= attr::CONTROL;
+            }
+        }
         for (i, t) in tokens.iter().enumerate() {
             let id = i as u32;
-            if eot.is_none() && EOT_TEXTS.contains(&t.as_str()) {
-                eot = Some(id);
-                attrs[i] |= attr::CONTROL;
-            }
             if eom.is_none() && t == "<|eom_id|>" {
                 eom = Some(id);
                 attrs[i] |= attr::CONTROL;

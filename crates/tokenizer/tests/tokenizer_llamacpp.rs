@@ -1,7 +1,9 @@
 //! llama.cpp's own `llama_tokenize` on varied strings (code, CJK, emoji, whitespace runs, digits,
 //! contractions, special-token look-alikes...) for every GGUF vocabulary we have, with
 //! `add_special` and `parse_special` varied per string. Vectors from tools/gen_tokenizer_vectors.py
-//! `--llama-cpp` (strings by index into qwen3_hf.jsonl).
+//! `--llama-cpp` (strings by index into qwen3_hf.jsonl). Each file also carries llama.cpp's
+//! `llama_detokenize` of the ids, and its view of the vocabulary: special ids, flags, the
+//! end-of-generation set and hashes of every token's attributes and pieces.
 
 use hearth_tokenizer::Tokenizer;
 use std::path::PathBuf;
@@ -26,6 +28,85 @@ fn strings() -> Vec<String> {
         .collect()
 }
 
+/// FNV-1a 64, as the oracle computes it.
+fn fnv(h: u64, data: &[u8]) -> u64 {
+    data.iter().fold(h, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(1_099_511_628_211)
+    })
+}
+const FNV_INIT: u64 = 14_695_981_039_346_656_037;
+
+fn id_or_none(v: &serde_json::Value) -> Option<u32> {
+    v.as_i64().filter(|&x| x >= 0).map(|x| x as u32)
+}
+
+fn check_info(name: &str, tok: &Tokenizer, info: &serde_json::Value) {
+    assert_eq!(
+        tok.vocab_size() as u64,
+        info["n_tokens"].as_u64().unwrap(),
+        "{name}"
+    );
+    assert_eq!(tok.bos_id(), id_or_none(&info["bos"]), "{name}: bos");
+    assert_eq!(tok.eos_id(), id_or_none(&info["eos"]), "{name}: eos");
+    assert_eq!(tok.pad_id(), id_or_none(&info["pad"]), "{name}: pad");
+    assert_eq!(
+        tok.add_bos(),
+        info["add_bos"].as_bool().unwrap(),
+        "{name}: add_bos"
+    );
+    assert_eq!(
+        tok.add_eos(),
+        info["add_eos"].as_bool().unwrap(),
+        "{name}: add_eos"
+    );
+    // llama.cpp picks the EOT token by walking a hash map; where several tokens qualify
+    // ("<|endoftext|>" and "<|im_end|>"), any of them is its answer.
+    let eot_texts = [
+        "<|endoftext|>",
+        "<|im_end|>",
+        "<|eot_id|>",
+        "<|end|>",
+        "<|end_of_text|>",
+    ];
+    match (tok.eot_id(), id_or_none(&info["eot"])) {
+        (a, b) if a == b => {}
+        (Some(a), Some(b)) => assert!(
+            eot_texts.contains(&tok.token_text(a)) && eot_texts.contains(&tok.token_text(b)),
+            "{name}: eot {a} vs llama.cpp {b}"
+        ),
+        (a, b) => panic!("{name}: eot {a:?} vs llama.cpp {b:?}"),
+    }
+    let eog: Vec<u32> = info["eog"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(
+        tok.eog_ids().collect::<Vec<_>>(),
+        eog,
+        "{name}: end-of-generation ids"
+    );
+    let n = tok.vocab_size() as u32;
+    let attrs = (0..n).fold(FNV_INIT, |h, id| fnv(h, &tok.token_attr(id).to_le_bytes()));
+    assert_eq!(
+        format!("{attrs:016x}"),
+        info["attr_fnv"].as_str().unwrap(),
+        "{name}: attributes"
+    );
+    for (special, key) in [(true, "piece_special_fnv"), (false, "piece_plain_fnv")] {
+        let h = (0..n).fold(FNV_INIT, |h, id| {
+            let p = tok.token_to_piece(id, special);
+            fnv(fnv(h, &(p.len() as u32).to_le_bytes()), p)
+        });
+        assert_eq!(
+            format!("{h:016x}"),
+            info[key].as_str().unwrap(),
+            "{name}: {key}"
+        );
+    }
+}
+
 fn check(name: &str, model: PathBuf) {
     assert!(
         model.exists(),
@@ -35,6 +116,8 @@ fn check(name: &str, model: PathBuf) {
     let tok = Tokenizer::open(&model).unwrap_or_else(|e| panic!("{name}: {e}"));
     let strings = strings();
     let text = std::fs::read_to_string(testdata(&format!("llamacpp_{name}.jsonl"))).unwrap();
+    let header: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    check_info(name, &tok, &header["meta"]["info"]);
     let mut failures = Vec::new();
     let mut n = 0;
     for line in text.lines().skip(1) {
@@ -52,6 +135,26 @@ fn check(name: &str, model: PathBuf) {
         if got != want {
             failures.push(format!(
                 "{s:?} (add_special {add}, parse_special {parse})\n   want {want:?}\n    got {got:?}"
+            ));
+        }
+        // llama_detokenize(ids, remove_special = false, unparse_special = parse_special).
+        let want_text: Vec<u8> = match (v.get("detok"), v.get("detok_hex")) {
+            (Some(d), _) => d.as_str().unwrap().as_bytes().to_vec(),
+            (None, Some(h)) => {
+                let h = h.as_str().unwrap();
+                (0..h.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+                    .collect()
+            }
+            (None, None) => s.as_bytes().to_vec(),
+        };
+        let got_text = tok.decode_bytes(&want, parse);
+        if got_text != want_text {
+            failures.push(format!(
+                "decode of {s:?}\n   want {:?}\n    got {:?}",
+                String::from_utf8_lossy(&want_text),
+                String::from_utf8_lossy(&got_text)
             ));
         }
         n += 1;
