@@ -12,6 +12,20 @@
 //! - [`Tokenizer::token_to_piece`], [`Tokenizer::decode`], [`StreamDecoder`]: ids → bytes / text.
 //! - [`hf`]: convert a Hugging Face `tokenizer.json` into the same metadata.
 //! - [`template`]: chat templates.
+//!
+//! ```no_run
+//! let tok = hearth_tokenizer::Tokenizer::open("model.gguf")?;
+//! // A prompt line as the parity fixtures and `hearth logits` write it: specials parsed, BOS per flag.
+//! let ids = tok.encode_prompt_line(r"<|im_start|>user\nHi<|im_end|>\n");
+//! // User text: a typed "<|im_end|>" stays text.
+//! let user = tok.encode("I typed <|im_end|>", false);
+//! let mut out = tok.stream_decoder(false);
+//! for id in ids.iter().chain(&user) {
+//!     print!("{}", out.push(*id));
+//! }
+//! print!("{}", out.finish());
+//! # Ok::<(), hearth_tokenizer::TokenizerError>(())
+//! ```
 #![deny(missing_docs)]
 
 mod bpe;
