@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::block::{cast_blocks, f16_to_f32, Block};
+use crate::block::{cast_blocks, Block};
 use crate::iq4::{BlockIQ4NL, BlockIQ4XS, KVALUES_IQ4NL};
 use crate::k_quants::{
     q3k_scales, scale_min_k4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K,
@@ -63,6 +63,15 @@ pub(super) unsafe fn hsum_ps128(s: __m128) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// A little-endian f16 to f32 with F16C (exact, as `block::f16_to_f32`, without `half`'s run-time
+/// feature check on every call).
+#[inline(always)]
+pub(super) unsafe fn f16c(b: [u8; 2]) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(
+        _mm_cvtsi32_si128(u16::from_le_bytes(b) as i32),
+    ))
+}
+
 #[inline(always)]
 unsafe fn load256(p: &[u8]) -> __m256i {
     debug_assert!(p.len() >= 32);
@@ -113,7 +122,7 @@ pub(super) trait Type0: Block {
     /// The 32 quants as i8, in element order.
     unsafe fn unpack(&self) -> __m256i;
     /// The block scale.
-    fn scale(&self) -> f32;
+    unsafe fn scale(&self) -> f32;
 }
 
 impl Type0 for BlockQ4_0 {
@@ -122,8 +131,8 @@ impl Type0 for BlockQ4_0 {
         _mm256_sub_epi8(nibbles(&self.qs), _mm256_set1_epi8(8))
     }
     #[inline(always)]
-    fn scale(&self) -> f32 {
-        f16_to_f32(self.d)
+    unsafe fn scale(&self) -> f32 {
+        f16c(self.d)
     }
 }
 
@@ -135,8 +144,8 @@ impl Type0 for BlockQ5_0 {
         _mm256_or_si256(nibbles(&self.qs), hi)
     }
     #[inline(always)]
-    fn scale(&self) -> f32 {
-        f16_to_f32(self.d)
+    unsafe fn scale(&self) -> f32 {
+        f16c(self.d)
     }
 }
 
@@ -146,8 +155,8 @@ impl Type0 for BlockQ8_0 {
         load256i(&self.qs)
     }
     #[inline(always)]
-    fn scale(&self) -> f32 {
-        f16_to_f32(self.d)
+    unsafe fn scale(&self) -> f32 {
+        f16c(self.d)
     }
 }
 
@@ -157,8 +166,8 @@ impl Type0 for BlockIQ4NL {
         _mm256_shuffle_epi8(iq4_table(), nibbles(&self.qs))
     }
     #[inline(always)]
-    fn scale(&self) -> f32 {
-        f16_to_f32(self.d)
+    unsafe fn scale(&self) -> f32 {
+        f16c(self.d)
     }
 }
 
@@ -173,7 +182,7 @@ pub(super) trait Type1: Block {
     /// The 32 quants as u8, in element order.
     unsafe fn unpack(&self) -> __m256i;
     /// Scale and minimum.
-    fn dm(&self) -> (f32, f32);
+    unsafe fn dm(&self) -> (f32, f32);
 }
 
 impl Type1 for BlockQ4_1 {
@@ -182,8 +191,8 @@ impl Type1 for BlockQ4_1 {
         nibbles(&self.qs)
     }
     #[inline(always)]
-    fn dm(&self) -> (f32, f32) {
-        (f16_to_f32(self.d), f16_to_f32(self.m))
+    unsafe fn dm(&self) -> (f32, f32) {
+        (f16c(self.d), f16c(self.m))
     }
 }
 
@@ -194,8 +203,8 @@ impl Type1 for BlockQ5_1 {
         _mm256_or_si256(nibbles(&self.qs), hi)
     }
     #[inline(always)]
-    fn dm(&self) -> (f32, f32) {
-        (f16_to_f32(self.d), f16_to_f32(self.m))
+    unsafe fn dm(&self) -> (f32, f32) {
+        (f16c(self.d), f16c(self.m))
     }
 }
 
@@ -218,7 +227,7 @@ pub(super) unsafe fn type0_tile<D: Idot, W: Type0, const N: usize>(
         for j in 0..N {
             let y = &a[j][i];
             let isum = D::dot_i8(q, load256i(&y.qs));
-            let d = _mm256_set1_ps(dx * f16_to_f32(y.d));
+            let d = _mm256_set1_ps(dx * f16c(y.d));
             acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[j]);
         }
     }
@@ -247,9 +256,9 @@ pub(super) unsafe fn type1_tile<D: Idot, W: Type1, const N: usize>(
         for j in 0..N {
             let y = &a[j][i];
             let isum = D::dot_u8(q, load256i(&y.qs));
-            let d = _mm256_set1_ps(dx * f16_to_f32(y.d));
+            let d = _mm256_set1_ps(dx * f16c(y.d));
             acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[j]);
-            summs[j] += mx * f16_to_f32(y.s);
+            summs[j] += mx * f16c(y.s);
         }
     }
     for j in 0..N {
@@ -281,8 +290,8 @@ pub(super) unsafe fn q4_k<const N: usize>(
         for k in 0..8 {
             (sc[k], mn[k]) = scale_min_k4(k, &xb.scales);
         }
-        let dx = f16_to_f32(xb.d);
-        let dminx = f16_to_f32(xb.dmin);
+        let dx = f16c(xb.d);
+        let dminx = f16c(xb.dmin);
         let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr().cast()));
         let mut sumi = [_mm256_setzero_si256(); N];
         for j in 0..N {
@@ -339,8 +348,8 @@ pub(super) unsafe fn q5_k<const N: usize>(
         for k in 0..8 {
             (sc[k], mn[k]) = scale_min_k4(k, &xb.scales);
         }
-        let dx = f16_to_f32(xb.d);
-        let dminx = f16_to_f32(xb.dmin);
+        let dx = f16c(xb.d);
+        let dminx = f16c(xb.dmin);
         let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr().cast()));
         let mut sumi = [_mm256_setzero_si256(); N];
         for j in 0..N {
@@ -431,7 +440,7 @@ pub(super) unsafe fn q6_k<const N: usize>(
                 }
             }
         }
-        let dx = f16_to_f32(xb.d);
+        let dx = f16c(xb.d);
         for j in 0..N {
             let d = _mm256_set1_ps(dx * a[j][i].d());
             acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[j]), acc[j]);
@@ -461,8 +470,8 @@ pub(super) unsafe fn q2_k<const N: usize>(
         let ms = _mm_loadu_si128(xb.scales.as_ptr().cast());
         let scales = _mm_and_si128(ms, m4);
         let mins = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16(ms, 4), m4));
-        let dx = f16_to_f32(xb.d);
-        let dminx = f16_to_f32(xb.dmin);
+        let dx = f16c(xb.d);
+        let dminx = f16c(xb.dmin);
         let mut sumi = [_mm256_setzero_si256(); N];
         for j in 0..N {
             let y = &a[j][i];
@@ -533,7 +542,7 @@ pub(super) unsafe fn q3_k<const N: usize>(
                 }
             }
         }
-        let dx = f16_to_f32(xb.d);
+        let dx = f16c(xb.d);
         for j in 0..N {
             let d = _mm256_set1_ps(dx * a[j][i].d());
             acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[j]), acc[j]);
@@ -571,7 +580,7 @@ pub(super) unsafe fn iq4_xs<const N: usize>(
                 sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(p, ls));
             }
         }
-        let dx = f16_to_f32(xb.d);
+        let dx = f16c(xb.d);
         for j in 0..N {
             let d = _mm256_set1_ps(dx * a[j][i].d());
             acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi[j]), acc[j]);
@@ -619,7 +628,7 @@ impl FloatRow for F16Row {
     }
     #[inline(always)]
     fn one(b: &[u8]) -> f32 {
-        f16_to_f32([b[0], b[1]])
+        crate::block::f16_to_f32([b[0], b[1]])
     }
 }
 
@@ -741,6 +750,7 @@ macro_rules! by_n {
         }
     }};
 }
+pub(super) use by_n;
 
 /// Float rows as `[&[u8]; N]`.
 macro_rules! by_n_float {
@@ -770,6 +780,7 @@ macro_rules! by_n_float {
         }
     }};
 }
+pub(super) use by_n_float;
 
 /// Runs the AVX2 tile for `ty`; returns false if there is none.
 ///

@@ -1,17 +1,357 @@
-//! AVX-512 kernels (placeholder until the 512-bit kernels land).
+//! AVX-512 kernels (F, BW, VL, VNNI).
+//!
+//! - Q4_K, Q5_K, Q6_K: 64 quants per 512-bit step (two 32-element sub-blocks side by side), so a
+//!   super-block takes 4 steps instead of 8;
+//! - the 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): the AVX2 kernels with VNNI's
+//!   `vpdpbusd` in place of `vpmaddubsw` + `vpmaddwd` (one instruction, no i16 saturation);
+//! - F32, F16, BF16: 16 lanes per load, four FMA chains.
+//!
+//! Other types return `false` and run the AVX2 kernel. As at every level, each kernel is a tile
+//! whose per-activation reduction order does not depend on the tile size.
 
+use std::arch::x86_64::*;
+
+use super::avx2::{
+    blocks, f16c, hsum_ps, hsum_ps128, type0_tile, type1_tile, FloatRow, Idot, Type0, Type1,
+};
+use crate::iq4::BlockIQ4NL;
+use crate::k_quants::{scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+use crate::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 use crate::GgmlType;
+
+/// `vpdpbusd` (AVX-512 VNNI on 256-bit registers).
+struct Vnni;
+
+impl Idot for Vnni {
+    #[inline(always)]
+    unsafe fn dot_u8(x: __m256i, y: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y)
+    }
+}
+
+#[inline(always)]
+unsafe fn hsum512(v: __m512) -> f32 {
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    hsum_ps(_mm256_add_ps(lo, hi))
+}
+
+#[inline(always)]
+unsafe fn load512(p: &[u8]) -> __m512i {
+    debug_assert!(p.len() >= 64);
+    _mm512_loadu_si512(p.as_ptr().cast())
+}
+
+#[inline(always)]
+unsafe fn load512i(p: &[i8]) -> __m512i {
+    debug_assert!(p.len() >= 64);
+    _mm512_loadu_si512(p.as_ptr().cast())
+}
+
+#[inline(always)]
+unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+#[inline(always)]
+unsafe fn srl16(v: __m512i, by: u32) -> __m512i {
+    _mm512_srl_epi16(v, _mm_cvtsi32_si128(by as i32))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q4_K / Q5_K.
+
+/// The parts of Q4_K and Q5_K the kernel reads.
+trait K45 {
+    unsafe fn d_dmin(&self) -> (f32, f32);
+    fn scales12(&self) -> &[u8; 12];
+    fn qs(&self) -> &[u8; 128];
+    /// The fifth bits (Q5_K only).
+    fn qh(&self) -> Option<&[u8; 32]>;
+}
+
+impl K45 for BlockQ4K {
+    #[inline(always)]
+    unsafe fn d_dmin(&self) -> (f32, f32) {
+        (f16c(self.d), f16c(self.dmin))
+    }
+    #[inline(always)]
+    fn scales12(&self) -> &[u8; 12] {
+        &self.scales
+    }
+    #[inline(always)]
+    fn qs(&self) -> &[u8; 128] {
+        &self.qs
+    }
+    #[inline(always)]
+    fn qh(&self) -> Option<&[u8; 32]> {
+        None
+    }
+}
+
+impl K45 for BlockQ5K {
+    #[inline(always)]
+    unsafe fn d_dmin(&self) -> (f32, f32) {
+        (f16c(self.d), f16c(self.dmin))
+    }
+    #[inline(always)]
+    fn scales12(&self) -> &[u8; 12] {
+        &self.scales
+    }
+    #[inline(always)]
+    fn qs(&self) -> &[u8; 128] {
+        &self.qs
+    }
+    #[inline(always)]
+    fn qh(&self) -> Option<&[u8; 32]> {
+        Some(&self.qh)
+    }
+}
+
+/// Q4_K / Q5_K × Q8_K: per 64 elements one 512-bit `vpmaddubsw` (sub-block 2k in the low half,
+/// 2k+1 in the high half) and one `vpmaddwd` with the two scales; mins through bsums.
+#[inline(always)]
+unsafe fn k45_tile<W: K45, const N: usize>(x: &[W], a: &[&[BlockQ8K]; N], out: &mut [f32; N]) {
+    let nb = x.len();
+    for r in a {
+        assert_eq!(r.len(), nb);
+    }
+    let m4 = _mm512_set1_epi8(0x0f);
+    let one = _mm256_set1_epi8(1);
+    let mut acc = [_mm512_setzero_ps(); N];
+    let mut acc_m = [_mm_setzero_ps(); N];
+    for i in 0..nb {
+        let xb = &x[i];
+        let mut sc = [0u8; 8];
+        let mut mn = [0u8; 8];
+        for k in 0..8 {
+            (sc[k], mn[k]) = scale_min_k4(k, xb.scales12());
+        }
+        let (dx, dminx) = xb.d_dmin();
+        let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr().cast()));
+        for j in 0..N {
+            let y = &a[j][i];
+            let bs = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+            let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            let prod = _mm_madd_epi16(mins, q8s);
+            let dmin = _mm_set1_ps(-(dminx * y.d()));
+            acc_m[j] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(prod), acc_m[j]);
+        }
+        let hbits = xb.qh().map(|h| _mm256_loadu_si256(h.as_ptr().cast()));
+        let mut sumi = [_mm512_setzero_si512(); N];
+        for k in 0..4 {
+            let bits = _mm256_loadu_si256(xb.qs()[32 * k..].as_ptr().cast());
+            let mut q = _mm512_and_si512(join(bits, _mm256_srli_epi16(bits, 4)), m4);
+            if let Some(h) = hbits {
+                let cnt = _mm_cvtsi32_si128(2 * k as i32);
+                let cnt1 = _mm_cvtsi32_si128(2 * k as i32 + 1);
+                let hl = _mm256_and_si256(_mm256_srl_epi16(h, cnt), one);
+                let hh = _mm256_and_si256(_mm256_srl_epi16(h, cnt1), one);
+                q = _mm512_or_si512(q, _mm512_slli_epi16(join(hl, hh), 4));
+            }
+            let s = join(
+                _mm256_set1_epi16(sc[2 * k] as i16),
+                _mm256_set1_epi16(sc[2 * k + 1] as i16),
+            );
+            for j in 0..N {
+                let y = load512i(&a[j][i].qs[64 * k..]);
+                let p = _mm512_madd_epi16(_mm512_maddubs_epi16(q, y), s);
+                sumi[j] = _mm512_add_epi32(sumi[j], p);
+            }
+        }
+        for j in 0..N {
+            let d = _mm512_set1_ps(dx * a[j][i].d());
+            acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi[j]), acc[j]);
+        }
+    }
+    for j in 0..N {
+        out[j] = hsum512(acc[j]) + hsum_ps128(acc_m[j]);
+    }
+}
+
+/// Q6_K × Q8_K: two 32-element groups per 512-bit step.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_k<const N: usize>(x: &[BlockQ6K], a: &[&[BlockQ8K]; N], out: &mut [f32; N]) {
+    let nb = x.len();
+    for r in a {
+        assert_eq!(r.len(), nb);
+    }
+    let m4 = _mm512_set1_epi8(0x0f);
+    let m2 = _mm512_set1_epi8(3);
+    let m32 = _mm512_set1_epi8(32);
+    let mut acc = [_mm512_setzero_ps(); N];
+    for i in 0..nb {
+        let xb = &x[i];
+        let sc = _mm_loadu_si128(xb.scales.as_ptr().cast());
+        let sc2 = _mm256_set_m128i(sc, sc);
+        let mut sumi = [_mm512_setzero_si512(); N];
+        for h in 0..2 {
+            let b = load512(&xb.ql[64 * h..]);
+            let bh = _mm256_loadu_si256(xb.qh[32 * h..].as_ptr().cast());
+            let hh = join(bh, _mm256_srli_epi16(bh, 2));
+            for m in 0..2 {
+                // m = 0: groups k = 0, 1 (low nibbles, qh bits 0-1 and 2-3);
+                // m = 1: groups k = 2, 3 (high nibbles, qh bits 4-5 and 6-7).
+                let lo = _mm512_and_si512(srl16(b, 4 * m as u32), m4);
+                let hi = _mm512_slli_epi16(_mm512_and_si512(srl16(hh, 4 * m as u32), m2), 4);
+                let q = _mm512_or_si512(lo, hi);
+                // i16 scales: 8 lanes each of sc[8h + 4m + 0..4].
+                let p = (8 * h + 4 * m) as i64;
+                let idx = _mm256_set_epi64x(
+                    (p + 3) * 0x0101_0101_0101_0101,
+                    (p + 2) * 0x0101_0101_0101_0101,
+                    (p + 1) * 0x0101_0101_0101_0101,
+                    p * 0x0101_0101_0101_0101,
+                );
+                let s = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc2, idx));
+                for j in 0..N {
+                    let y = load512i(&a[j][i].qs[128 * h + 64 * m..]);
+                    let d =
+                        _mm512_sub_epi16(_mm512_maddubs_epi16(q, y), _mm512_maddubs_epi16(m32, y));
+                    sumi[j] = _mm512_add_epi32(sumi[j], _mm512_madd_epi16(d, s));
+                }
+            }
+        }
+        let dx = f16c(xb.d);
+        for j in 0..N {
+            let d = _mm512_set1_ps(dx * a[j][i].d());
+            acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi[j]), acc[j]);
+        }
+    }
+    for j in 0..N {
+        out[j] = hsum512(acc[j]);
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_k<const N: usize>(x: &[BlockQ4K], a: &[&[BlockQ8K]; N], out: &mut [f32; N]) {
+    k45_tile::<BlockQ4K, N>(x, a, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q5_k<const N: usize>(x: &[BlockQ5K], a: &[&[BlockQ8K]; N], out: &mut [f32; N]) {
+    k45_tile::<BlockQ5K, N>(x, a, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn type0<W: Type0, const N: usize>(x: &[W], a: &[&[BlockQ8_0]; N], out: &mut [f32; N]) {
+    type0_tile::<Vnni, W, N>(x, a, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn type1<W: Type1, const N: usize>(x: &[W], a: &[&[BlockQ8_1]; N], out: &mut [f32; N]) {
+    type1_tile::<Vnni, W, N>(x, a, out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Float rows: 64 elements per step in four 16-lane FMA chains, the tail in scalar f32.
+
+trait FloatRow512: FloatRow {
+    unsafe fn load16(p: *const u8) -> __m512;
+}
+
+impl FloatRow512 for super::avx2::F32Row {
+    #[inline(always)]
+    unsafe fn load16(p: *const u8) -> __m512 {
+        _mm512_loadu_ps(p.cast())
+    }
+}
+
+impl FloatRow512 for super::avx2::F16Row {
+    #[inline(always)]
+    unsafe fn load16(p: *const u8) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+    }
+}
+
+impl FloatRow512 for super::avx2::Bf16Row {
+    #[inline(always)]
+    unsafe fn load16(p: *const u8) -> __m512 {
+        let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
+        _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
+    }
+}
+
+#[inline(always)]
+unsafe fn float_tile<R: FloatRow512, const N: usize>(
+    n: usize,
+    w: &[u8],
+    a: &[&[u8]; N],
+    out: &mut [f32; N],
+) {
+    assert_eq!(w.len(), n * R::SIZE);
+    for r in a {
+        assert_eq!(r.len(), n * R::SIZE);
+    }
+    let mut acc = [[_mm512_setzero_ps(); 4]; N];
+    let steps = n / 64;
+    for s in 0..steps {
+        for c in 0..4 {
+            let off = (64 * s + 16 * c) * R::SIZE;
+            // Reads end at (64 * steps) * SIZE <= w.len() (asserted above).
+            let x = R::load16(w.as_ptr().add(off));
+            for j in 0..N {
+                let y = R::load16(a[j].as_ptr().add(off));
+                acc[j][c] = _mm512_fmadd_ps(x, y, acc[j][c]);
+            }
+        }
+    }
+    for j in 0..N {
+        let v = _mm512_add_ps(
+            _mm512_add_ps(acc[j][0], acc[j][1]),
+            _mm512_add_ps(acc[j][2], acc[j][3]),
+        );
+        let mut s = hsum512(v);
+        for e in 64 * steps..n {
+            let o = e * R::SIZE;
+            s += R::one(&w[o..o + R::SIZE]) * R::one(&a[j][o..o + R::SIZE]);
+        }
+        out[j] = s;
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn f32s<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f32; N]) {
+    float_tile::<super::avx2::F32Row, N>(n, w, a, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn f16s<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f32; N]) {
+    float_tile::<super::avx2::F16Row, N>(n, w, a, out)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn bf16s<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f32; N]) {
+    float_tile::<super::avx2::Bf16Row, N>(n, w, a, out)
+}
 
 /// Runs the AVX-512 tile for `ty`; returns false if there is none (the caller falls back to AVX2).
 ///
 /// # Safety
 /// As `avx2::tile`, and the CPU must have AVX-512 F/BW/VL/VNNI.
 pub(super) unsafe fn tile(
-    _ty: GgmlType,
-    _n: usize,
-    _w: &[u8],
-    _acts: &[&[u8]],
-    _out: &mut [f32],
+    ty: GgmlType,
+    n: usize,
+    w: &[u8],
+    acts: &[&[u8]],
+    out: &mut [f32],
 ) -> bool {
-    false
+    use super::avx2::{by_n, by_n_float};
+    use GgmlType::*;
+    match ty {
+        Q4_0 => by_n!(type0, blocks::<BlockQ4_0>(w), BlockQ8_0, acts, out),
+        Q5_0 => by_n!(type0, blocks::<BlockQ5_0>(w), BlockQ8_0, acts, out),
+        Q8_0 => by_n!(type0, blocks::<BlockQ8_0>(w), BlockQ8_0, acts, out),
+        IQ4_NL => by_n!(type0, blocks::<BlockIQ4NL>(w), BlockQ8_0, acts, out),
+        Q4_1 => by_n!(type1, blocks::<BlockQ4_1>(w), BlockQ8_1, acts, out),
+        Q5_1 => by_n!(type1, blocks::<BlockQ5_1>(w), BlockQ8_1, acts, out),
+        Q4_K => by_n!(q4_k, blocks(w), BlockQ8K, acts, out),
+        Q5_K => by_n!(q5_k, blocks(w), BlockQ8K, acts, out),
+        Q6_K => by_n!(q6_k, blocks(w), BlockQ8K, acts, out),
+        F32 => by_n_float!(f32s, n, w, acts, out),
+        F16 => by_n_float!(f16s, n, w, acts, out),
+        BF16 => by_n_float!(bf16s, n, w, acts, out),
+        _ => return false,
+    }
+    true
 }
