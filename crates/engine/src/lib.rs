@@ -7,6 +7,7 @@ pub mod chat;
 pub mod generate;
 pub mod logits;
 pub mod sampler;
+pub mod service;
 pub mod session;
 pub mod stop;
 
@@ -14,5 +15,6 @@ pub use chat::ChatEncoder;
 pub use generate::{generate, FinishReason, GenParams, Generation};
 pub use logits::{logits_report, top_k, LogitsReport};
 pub use sampler::{Sampler, SamplerConfig};
+pub use service::{Backend, Event, ModelInfo, Request, Sink, Stats, SubmitError, TokenLogprob};
 pub use session::Session;
 pub use stop::{StopMatcher, StopResult};

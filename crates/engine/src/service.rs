@@ -1,0 +1,159 @@
+//! The interface between the HTTP server and whatever produces tokens: the real continuous-batching
+//! scheduler, or a scripted stand-in for tests. The server only ever talks to a [`Backend`].
+
+use std::sync::Arc;
+
+use hearth_tokenizer::Tokenizer;
+
+use crate::generate::FinishReason;
+use crate::sampler::SamplerConfig;
+
+/// Static facts about the loaded model.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    /// The name clients see (`--alias`, else `general.name`, else the file stem).
+    pub alias: String,
+    /// `general.architecture`.
+    pub arch: String,
+    /// Context per sequence, in tokens.
+    pub n_ctx: usize,
+    /// Context the model was trained with.
+    pub n_ctx_train: usize,
+    /// Sequences decoded together.
+    pub parallel: usize,
+    /// Vocabulary size.
+    pub n_vocab: usize,
+    /// Parameter count (for `/api/show`).
+    pub n_params: u64,
+    /// Bytes of the model file.
+    pub file_size: u64,
+    /// The chat template source (the file's or `--chat-template`), `None` when falling back to ChatML.
+    pub chat_template: Option<String>,
+    /// The file's `general.file_type` spelled as a quantization name (e.g. `Q4_K_M`), when known.
+    pub quantization: Option<String>,
+}
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// Prompt token ids (already templated and tokenized).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate (`None`: until end of generation or the context end).
+    pub max_tokens: Option<usize>,
+    /// Sampling settings (seeded).
+    pub sampler: SamplerConfig,
+    /// Stop strings (never emitted).
+    pub stop: Vec<String>,
+    /// How many top alternatives to report with each token's log-probability (`None`: no logprobs).
+    pub logprobs: Option<usize>,
+}
+
+/// Log-probability information of one generated token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's log-probability.
+    pub logprob: f32,
+    /// The most likely alternatives `(id, text, logprob)`, best first.
+    pub top: Vec<(u32, String, f32)>,
+}
+
+/// What a running request produces, in order: any number of `Token`s, then exactly one `Done` or
+/// `Error`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// One generated token. `text` is the newly final text (possibly empty: text that may still turn
+    /// out to be the start of a stop string, or an incomplete UTF-8 character, is held back).
+    Token {
+        /// Token id.
+        id: u32,
+        /// Text released by this token.
+        text: String,
+        /// Log-probabilities, when requested.
+        logprob: Option<TokenLogprob>,
+    },
+    /// The end. `text` is any held-back text released at the end.
+    Done {
+        /// Why it ended.
+        finish: FinishReason,
+        /// Final text released at the end.
+        text: String,
+        /// Prompt tokens.
+        n_prompt: usize,
+        /// Prompt tokens served from the prefix cache (not recomputed).
+        n_cached: usize,
+        /// Tokens generated.
+        n_gen: usize,
+    },
+    /// The request failed after it was accepted.
+    Error(String),
+}
+
+/// Why a request was not accepted.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    /// The queue is full; retry later.
+    #[error("the server is busy: {queued} requests are waiting")]
+    QueueFull {
+        /// Requests waiting.
+        queued: usize,
+    },
+    /// The prompt does not fit the context.
+    #[error("the prompt has {prompt} tokens but the context per sequence is {n_ctx}")]
+    PromptTooLong {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Context per sequence.
+        n_ctx: usize,
+    },
+    /// The request is invalid (empty prompt, token id outside the vocabulary...).
+    #[error("{0}")]
+    Invalid(String),
+    /// The backend is shutting down.
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+/// Receives a request's events; returns `false` when the client is gone, which cancels the request
+/// (its sequence is freed within one step).
+pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
+
+/// Counters and gauges for `/metrics`.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    /// Prompt tokens processed (computed, not cached).
+    pub prompt_tokens: u64,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Seconds spent in prefill steps.
+    pub prefill_seconds: f64,
+    /// Seconds spent in decode steps.
+    pub decode_seconds: f64,
+    /// Requests waiting for a sequence slot.
+    pub queued: usize,
+    /// Sequences generating now.
+    pub active: usize,
+    /// KV cache cells in use (tokens held across all slots).
+    pub kv_used: usize,
+    /// KV cache capacity in cells.
+    pub kv_capacity: usize,
+    /// Per expert, how many (token, layer) routings chose it (MoE models; empty otherwise).
+    pub expert_load: Vec<u64>,
+}
+
+/// Something that turns requests into token streams.
+pub trait Backend: Send + Sync + 'static {
+    /// Facts about the model.
+    fn info(&self) -> &ModelInfo;
+    /// The model's tokenizer.
+    fn tokenizer(&self) -> &Arc<Tokenizer>;
+    /// Queues a request; its events go to `sink` from the backend's own thread.
+    fn submit(&self, request: Request, sink: Sink) -> Result<(), SubmitError>;
+    /// A snapshot of the counters.
+    fn stats(&self) -> Stats;
+    /// Stops accepting requests; running ones finish.
+    fn shutdown(&self);
+    /// Requests running or waiting.
+    fn in_flight(&self) -> usize;
+}
