@@ -149,6 +149,13 @@ fn moe_comparison_covers_the_router() {
     // Hearth's ffn_out of a MoE layer stands for llama.cpp's ffn_moe_out.
     let out = rows.iter().find(|r| r["name"] == "ffn_moe_out-0").unwrap();
     assert_eq!(out["hearth"], "ffn_out-0");
+    // Every token of both layers chose llama.cpp's experts (from ffn_moe_argsort).
+    let routing = json["compare"]["routing"].as_array().unwrap();
+    assert_eq!(routing.len(), 2);
+    for r in routing {
+        assert_eq!(r["tokens"], 18);
+        assert!(r["flipped"].as_array().unwrap().is_empty(), "{r}");
+    }
 }
 
 #[test]

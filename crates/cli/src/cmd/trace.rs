@@ -316,9 +316,14 @@ pub fn run(args: Args) -> Result<()> {
             moe,
         });
     }
-    let comparison = reference
-        .as_ref()
-        .map(|r| compare::compare(r, &rec.emitted));
+    let comparison = reference.as_ref().map(|r| {
+        let sel: compare::Selections = rec
+            .experts
+            .iter()
+            .map(|(&l, (s, _, k))| (l, (s.clone(), *k)))
+            .collect();
+        compare::compare(r, &rec.emitted, &sel)
+    });
 
     let report = Report {
         model: args.model.model.display().to_string(),

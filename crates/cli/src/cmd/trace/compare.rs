@@ -137,10 +137,65 @@ pub struct Comparison {
     pub worst: Option<(String, f64)>,
     /// The first tensor in graph order over the threshold (or of another shape).
     pub first_divergence: Option<String>,
+    /// Per MoE layer, the tokens whose chosen experts differ from llama.cpp's (`ffn_moe_argsort`).
+    pub routing: Vec<Routing>,
+}
+
+/// Expert choices compared with llama.cpp's, in one MoE layer.
+#[derive(Serialize, Debug, Clone)]
+pub struct Routing {
+    pub layer: usize,
+    pub tokens: usize,
+    /// Tokens whose set of chosen experts differs.
+    pub flipped: Vec<usize>,
+}
+
+/// Hearth's chosen experts: layer -> (selected `[T, k]`, k).
+pub type Selections = std::collections::BTreeMap<usize, (Vec<u32>, usize)>;
+
+/// Compares the first k of llama.cpp's `ffn_moe_argsort-L` (`[n_expert, T]` i32, descending
+/// probability) with Hearth's choice, as sets: where two probabilities nearly tie, activation rounding
+/// can flip an expert in a correct engine, and the note then explains a later divergence.
+fn routing(trace: &LlamaTrace, sel: &Selections) -> Vec<Routing> {
+    let mut out = Vec::new();
+    for e in &trace.entries {
+        let Some(layer) = e
+            .name
+            .strip_prefix("ffn_moe_argsort-")
+            .and_then(|l| l.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        let Some((ours, k)) = sel.get(&layer) else {
+            continue;
+        };
+        let (ne, k) = (e.ne[0] as usize, *k);
+        if ne == 0 || k == 0 || k > ne {
+            continue;
+        }
+        let ids = trace.values(e);
+        let n_tok = (ids.len() / ne).min(ours.len() / k);
+        let mut flipped = Vec::new();
+        for t in 0..n_tok {
+            let mut a: Vec<u32> = ids[t * ne..t * ne + k].iter().map(|&x| x as u32).collect();
+            let mut b = ours[t * k..(t + 1) * k].to_vec();
+            a.sort_unstable();
+            b.sort_unstable();
+            if a != b {
+                flipped.push(t);
+            }
+        }
+        out.push(Routing {
+            layer,
+            tokens: n_tok,
+            flipped,
+        });
+    }
+    out
 }
 
 /// Compares Hearth's tensors with the trace, in the trace's order.
-pub fn compare(trace: &LlamaTrace, ours: &[Emitted]) -> Comparison {
+pub fn compare(trace: &LlamaTrace, ours: &[Emitted], sel: &Selections) -> Comparison {
     let mut by_name: HashMap<&str, Vec<&Emitted>> = HashMap::new();
     for e in ours {
         by_name.entry(e.name.as_str()).or_default().push(e);
@@ -244,10 +299,24 @@ pub fn compare(trace: &LlamaTrace, ours: &[Emitted]) -> Comparison {
         .filter(|r| !r.nmse.is_nan())
         .max_by(|a, b| a.nmse.total_cmp(&b.nmse))
         .map(|r| (format!("{} ({})", r.name, r.op), r.nmse));
+    let routing = routing(trace, sel);
+    let flips: Vec<String> = routing
+        .iter()
+        .filter(|r| !r.flipped.is_empty())
+        .map(|r| format!("layer {} tokens {:?}", r.layer, r.flipped))
+        .collect();
+    let after_flips = if flips.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (experts chosen differently from llama.cpp: {})",
+            flips.join("; ")
+        )
+    };
     let first_divergence = rows.iter().find(|r| !r.ok).map(|r| match &r.note {
-        Some(n) => format!("{} ({}): {n}", r.name, r.op),
+        Some(n) => format!("{} ({}): {n}{after_flips}", r.name, r.op),
         None => format!(
-            "{} ({}): NMSE {:.3e} > {:.0e}, max |diff| {:.4e}",
+            "{} ({}): NMSE {:.3e} > {:.0e}, max |diff| {:.4e}{after_flips}",
             r.name, r.op, r.nmse, NMSE_THRESHOLD, r.max_abs_diff
         ),
     });
@@ -257,6 +326,7 @@ pub fn compare(trace: &LlamaTrace, ours: &[Emitted]) -> Comparison {
         rows,
         worst,
         first_divergence,
+        routing,
     }
 }
 
@@ -291,6 +361,20 @@ pub fn print_human(o: &mut String, c: &Comparison) {
                 .as_ref()
                 .map(|n| format!("  ({n})"))
                 .unwrap_or_default()
+        );
+    }
+    for r in &c.routing {
+        let _ = writeln!(
+            o,
+            "routing layer {}: {} of {} tokens chose other experts than llama.cpp{}",
+            r.layer,
+            r.flipped.len(),
+            r.tokens,
+            if r.flipped.is_empty() {
+                String::new()
+            } else {
+                format!(" {:?}", r.flipped)
+            }
         );
     }
     if let Some((name, nmse)) = &c.worst {
