@@ -19,6 +19,8 @@ enum Command {
     Run(cmd::run::Args),
     /// Chat interactively through the model's chat template.
     Chat(cmd::chat::Args),
+    /// Serve the model over OpenAI, Anthropic and Ollama HTTP APIs.
+    Serve(cmd::serve::Args),
     /// Print the parity report (top logits, greedy continuation) for prompt lines read on stdin.
     Logits(cmd::logits::Args),
     /// Measure perplexity on a text file, as llama-perplexity does.
@@ -36,6 +38,7 @@ fn main() {
     let result = match cli.command {
         Command::Run(args) => cmd::run::run(args),
         Command::Chat(args) => cmd::chat::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
         Command::Logits(args) => cmd::logits::run(args),
         Command::Perplexity(args) => cmd::perplexity::run(args),
         Command::Trace(args) => cmd::trace::run(args),

@@ -7,5 +7,6 @@ pub mod logits;
 pub mod perplexity;
 pub mod run;
 pub mod sampling;
+pub mod serve;
 pub mod synth;
 pub mod trace;
