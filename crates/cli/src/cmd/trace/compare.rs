@@ -11,11 +11,13 @@
 //! Element order needs no care: ggml's `ne0` is the fastest dimension, so `[head_dim, n_head, T]` and
 //! `[cols, T]` are both Hearth's row-major `[T, cols]`.
 //!
-//! The verdict per tensor is its normalised mean squared error, NMSE = Σ(h - r)² / Σr². Correct engines
-//! differ from llama.cpp by 8-bit activation quantization, the f16 KV cache, flash attention's
-//! summation order and, in MoE models, an expert flipped where two router probabilities nearly tie;
-//! on the fixture traces that stays below about 1e-3 (logits included). A wrong formula (RoPE style,
-//! a missing norm, a wrong prompt) gives NMSE of order 1. The threshold sits between the two.
+//! The verdict per tensor is its normalised mean squared error, NMSE = Σ(h - r)² / Σr², against
+//! [`NMSE_THRESHOLD`]. Correct engines differ from llama.cpp by 8-bit activation quantization, the f16
+//! KV cache, flash attention's summation order and, in MoE models, an expert flipped where two router
+//! probabilities nearly tie (reported per layer from `ffn_moe_argsort`). Measured on the fixture
+//! traces: at most 7e-4 on the tiny models and 2.9e-3 through SmolLM2's 30 layers. The same weights in
+//! a coarser quant type (Q4_0 against the Q4_K_M trace) land at 1.3e-2 from the first tensor on;
+//! another model or a wrong prompt at order 1, or a different token count.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
