@@ -300,6 +300,7 @@ pub fn vec_dot_tile_at(
     n_acts: usize,
     out: &mut [f32],
 ) {
+    check_level(level);
     let alen = check_shapes(ty, n, w_row);
     assert!(
         act_row_bytes >= alen,
@@ -325,7 +326,7 @@ pub fn vec_dot_tile_at(
             let j = j0 + k.min(m - 1);
             &acts[j * act_row_bytes..j * act_row_bytes + alen]
         });
-        vec_dot_rows_at(level, ty, n, w_row, &rows[..m], &mut out[j0..j0 + m]);
+        tile(level, ty, n, w_row, &rows[..m], &mut out[j0..j0 + m]);
         j0 += m;
     }
 }

@@ -1,0 +1,125 @@
+//! A quick table of dot throughput (GB/s of weight bytes) per type and level: the best of many
+//! short runs, which stays meaningful on a loaded machine where criterion's means wander.
+//!
+//! `cargo bench -p hearth-quant --bench dot_min [-- TYPE...]`. Shapes as benches/dot.rs: `decode`
+//! is 256 rows x 4096 columns against one activation row; `tile8` against 8 rows with
+//! `vec_dot_tile_at`, counting each weight byte once (per-token rate = 8x).
+
+use hearth_quant::simd::{available_levels, quantize_row_at, vec_dot_at, vec_dot_tile_at, Level};
+use hearth_quant::{has_vec_dot, vec_dot_type, GgmlType, ALL_TYPES};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+const COLS: usize = 4096;
+const ROWS: usize = 256;
+const TOKENS: usize = 8;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn normal(&mut self) -> f32 {
+        (0..4)
+            .map(|_| (self.next() >> 40) as f32 / (1u64 << 24) as f32)
+            .sum::<f32>()
+            - 2.0
+    }
+}
+
+fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ4_XS => &[0],
+        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
+        Q2_K => &[80, 82],
+        Q3_K => &[108],
+        Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+fn weights(rng: &mut Rng, ty: GgmlType) -> Vec<u8> {
+    let bytes = ty.row_bytes((ROWS * COLS) as u64).unwrap() as usize;
+    if ty.block_size() == 1 {
+        let x: Vec<f32> = (0..ROWS * COLS).map(|_| rng.normal()).collect();
+        let mut w = vec![0u8; bytes];
+        quantize_row_at(Level::Scalar, ty, &x, &mut w).unwrap();
+        return w;
+    }
+    let mut w: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
+    for b in w.chunks_exact_mut(ty.type_size()) {
+        for &off in f16_fields(ty) {
+            let v = half::f16::from_f32(rng.normal() * 0.01);
+            b[off..off + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    w
+}
+
+/// Best time of one pass over the rows, over ~`budget` of repetitions.
+fn best(budget: Duration, mut f: impl FnMut()) -> Duration {
+    let start = Instant::now();
+    let mut best = Duration::MAX;
+    let mut reps = 0;
+    while reps < 3 || (start.elapsed() < budget && reps < 10_000) {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed());
+        reps += 1;
+    }
+    best
+}
+
+fn main() {
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let levels = available_levels();
+    print!("{:<8} {:<7}", "type", "shape");
+    for l in &levels {
+        print!(" {:>9}", l.name());
+    }
+    println!("   (GB/s of weight bytes)");
+    let mut rng = Rng(7);
+    for ty in ALL_TYPES.iter().copied().filter(|&t| has_vec_dot(t)) {
+        if !filter.is_empty() && !filter.iter().any(|f| f.eq_ignore_ascii_case(ty.name())) {
+            continue;
+        }
+        let w = weights(&mut rng, ty);
+        let wrow = w.len() / ROWS;
+        let aty = vec_dot_type(ty);
+        let arow = aty.row_bytes(COLS as u64).unwrap() as usize;
+        let mut acts = vec![0u8; arow * TOKENS];
+        for t in 0..TOKENS {
+            let x: Vec<f32> = (0..COLS).map(|_| rng.normal()).collect();
+            quantize_row_at(Level::Scalar, aty, &x, &mut acts[t * arow..(t + 1) * arow]).unwrap();
+        }
+        let mut out = vec![0.0f32; ROWS * TOKENS];
+        for (shape, tokens) in [("decode", 1), ("tile8", TOKENS)] {
+            print!("{:<8} {:<7}", ty.name(), shape);
+            for &level in &levels {
+                let budget = Duration::from_millis(if level == Level::Scalar { 300 } else { 600 });
+                let t = best(budget, || {
+                    for r in 0..ROWS {
+                        let wr = &w[r * wrow..(r + 1) * wrow];
+                        if tokens == 1 {
+                            out[r] = vec_dot_at(level, ty, COLS, wr, &acts[..arow]);
+                        } else {
+                            let o = &mut out[r * TOKENS..(r + 1) * TOKENS];
+                            vec_dot_tile_at(level, ty, COLS, wr, &acts, arow, TOKENS, o);
+                        }
+                    }
+                    black_box(&out);
+                });
+                print!(" {:>9.2}", w.len() as f64 / t.as_secs_f64() / 1e9);
+            }
+            println!();
+        }
+    }
+}
