@@ -1,0 +1,709 @@
+//! Streaming separation of model output into answer text, reasoning and tool calls.
+//!
+//! Qwen3-family models write their chain of thought between `<think>` and `</think>` and call tools
+//! either as `<tool_call>{"name": .., "arguments": {..}}</tool_call>` (Qwen3) or as
+//! `<tool_call><function=NAME><parameter=P>value</parameter></function></tool_call>` (Qwen3-Coder).
+//! Tokens arrive one piece of text at a time and a tag may be cut anywhere, so [`StreamParser`]
+//! releases plain text at once and holds back only what could still be the start of a tag (or
+//! whitespace that is stripped when a tag follows), until the next piece decides it.
+//!
+//! [`parse_all`] is the non-streaming form: it runs the same state machine over the whole text, so a
+//! reply is identical streamed or not, for every cut of the text into pieces.
+//!
+//! Behaviour, following llama-server where it is defined (`common_chat_parse_hermes_2_pro`,
+//! `try_parse_reasoning`) and Qwen's own `qwen3coder_tool_parser.py` for the XML form:
+//! - Reasoning is recognised only as a `<think>` block opening the output (after optional
+//!   whitespace), or from the first byte when [`ParserConfig::starts_in_reasoning`] says the prompt
+//!   already opened it. Its text is trimmed at both ends and the whitespace after `</think>` is
+//!   skipped, as llama-server returns `reasoning_content`. A `<think>` later in the answer, or a
+//!   `</think>` with no opened block, is answer text: the streamed text before it has already been
+//!   released as content and cannot be recalled. A server whose rendered prompt ends inside an
+//!   opened `<think>` (see [`prompt_opens_reasoning`]) sets `starts_in_reasoning`, which is the
+//!   case llama.cpp's "text before `</think>` is reasoning" rule exists for.
+//! - An unterminated `<think>` at the end of generation: everything after it is reasoning.
+//! - Tool calls are recognised in the answer, never inside reasoning. Whitespace right before a
+//!   `<tool_call>`, between calls and after the last call at the end of the output is dropped, so
+//!   the answer text does not end in the blank lines that separate the blocks.
+//! - Qwen3 JSON: a call is emitted whole when its `</tool_call>` arrives (the block must be valid
+//!   JSON before anything is promised to the client); a block that does not parse as
+//!   `{"name": string, "arguments": ..}` is released as answer text, tags included. An unterminated
+//!   block at the end of generation is emitted as a call if its text parses, else released as text.
+//! - Qwen3-Coder XML: the call starts as soon as `<function=NAME>` is read, each parameter is sent
+//!   when its value ends, typed by the tool's JSON schema when one is given. An unterminated call at
+//!   the end of generation is closed with the parameters read so far (a value cut off is taken as
+//!   it is, as the reference parser's `$` alternative does). A `<tool_call>` not followed by
+//!   `<function=` is answer text.
+//!
+//! The parser never panics and does work linear in the length of the output.
+
+mod qwen3_coder_xml;
+mod qwen3_json;
+mod scan;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use qwen3_coder_xml::XmlCall;
+use scan::{is_ws, TagMatch, XmlOpen};
+
+/// Which tool-call syntax the model writes, decided from its chat template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFormat {
+    /// No tool calls are parsed: `<tool_call>` is ordinary text.
+    None,
+    /// Qwen3 / Hermes: `<tool_call>\n{"name": .., "arguments": {..}}\n</tool_call>`.
+    Qwen3Json,
+    /// Qwen3-Coder: `<tool_call>\n<function=NAME>\n<parameter=P>\nvalue\n</parameter>\n</function>\n</tool_call>`.
+    Qwen3CoderXml,
+}
+
+impl ToolFormat {
+    /// Picks the format a chat template teaches the model.
+    ///
+    /// Qwen3-Coder's template writes `<function=` / `<parameter=` into its tool instructions and
+    /// into past assistant turns; Qwen3's writes `<tool_call>\n{"name": ..`. The XML markers are
+    /// checked first because the Coder template also contains `<tool_call>`.
+    pub fn detect(template_source: &str) -> ToolFormat {
+        if template_source.contains("<function=") || template_source.contains("<parameter=") {
+            ToolFormat::Qwen3CoderXml
+        } else if template_source.contains("<tool_call>") {
+            ToolFormat::Qwen3Json
+        } else {
+            ToolFormat::None
+        }
+    }
+}
+
+/// What to separate out of one reply.
+#[derive(Debug, Clone)]
+pub struct ParserConfig {
+    /// Tool-call syntax to recognise in the answer text.
+    pub tools: ToolFormat,
+    /// Separate `<think>` blocks into reasoning; when false, think tags are answer text.
+    pub reasoning: bool,
+    /// The rendered prompt already opened `<think>`, so the output starts inside the block.
+    /// Ignored when `reasoning` is false.
+    pub starts_in_reasoning: bool,
+    /// JSON schema of each tool's parameters (`{"type": "object", "properties": {..}}`), by tool
+    /// name, used to type Qwen3-Coder XML parameter values. Empty: every value is a string.
+    /// Build it from a request with [`tool_schemas_from_request`].
+    pub tool_schemas: HashMap<String, Value>,
+    /// Seed of the tool-call ids, so a reply's ids are reproducible (and identical streamed and not).
+    pub id_seed: u64,
+}
+
+impl ParserConfig {
+    /// A configuration that passes all text through as content.
+    pub fn plain() -> ParserConfig {
+        ParserConfig {
+            tools: ToolFormat::None,
+            reasoning: false,
+            starts_in_reasoning: false,
+            tool_schemas: HashMap::new(),
+            id_seed: 0,
+        }
+    }
+}
+
+/// Collects the parameter schemas of the tools in a request, by tool name.
+///
+/// Accepts the OpenAI shape (`[{"type": "function", "function": {"name", "parameters"}}]`), the
+/// Anthropic shape (`[{"name", "input_schema"}]`) and the bare `[{"name", "parameters"}]` shape;
+/// entries that match none are skipped.
+pub fn tool_schemas_from_request(tools: &Value) -> HashMap<String, Value> {
+    let mut out = HashMap::new();
+    let Some(list) = tools.as_array() else {
+        return out;
+    };
+    for tool in list {
+        let f = tool.get("function").unwrap_or(tool);
+        let Some(name) = f.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        let schema = f
+            .get("parameters")
+            .or_else(|| f.get("input_schema"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        out.insert(name.to_string(), schema);
+    }
+    out
+}
+
+/// True when a rendered prompt ends inside an opened `<think>` block (Qwen3 templates that write
+/// `<think>\n` after `<|im_start|>assistant\n`), so the reply starts in reasoning. A prompt ending
+/// in `<think>\n\n</think>\n\n` (Qwen3 with `enable_thinking=false`) does not.
+pub fn prompt_opens_reasoning(prompt: &str) -> bool {
+    prompt.trim_end().ends_with("<think>")
+}
+
+/// One piece of a parsed reply, in output order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delta {
+    /// Answer text.
+    Content(String),
+    /// Reasoning text (inside `<think>`).
+    Reasoning(String),
+    /// A tool call begins; its name is known.
+    ToolCallStart {
+        /// Position of the call in the reply, from 0.
+        index: usize,
+        /// `call_` and 24 alphanumerics, deterministic per parser.
+        id: String,
+        /// Function name.
+        name: String,
+    },
+    /// A piece of the call's arguments: concatenated, they form one JSON object's text.
+    ToolCallArgs {
+        /// Call position, as in `ToolCallStart`.
+        index: usize,
+        /// The next piece of the arguments JSON text.
+        fragment: String,
+    },
+    /// The call's arguments are complete.
+    ToolCallEnd {
+        /// Call position, as in `ToolCallStart`.
+        index: usize,
+    },
+}
+
+/// A whole reply, split.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Parsed {
+    /// Answer text.
+    pub content: String,
+    /// Reasoning text, `None` when there was none.
+    pub reasoning: Option<String>,
+    /// Tool calls in order.
+    pub tool_calls: Vec<ParsedToolCall>,
+}
+
+/// One complete tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedToolCall {
+    /// `call_` and 24 alphanumerics.
+    pub id: String,
+    /// Function name.
+    pub name: String,
+    /// Arguments as JSON object text.
+    pub arguments: String,
+}
+
+impl Parsed {
+    /// Folds a delta sequence into a reply; the inverse of streaming, used by [`parse_all`].
+    pub fn from_deltas<I: IntoIterator<Item = Delta>>(deltas: I) -> Parsed {
+        let mut p = Parsed::default();
+        let mut reasoning = String::new();
+        for d in deltas {
+            match d {
+                Delta::Content(s) => p.content.push_str(&s),
+                Delta::Reasoning(s) => reasoning.push_str(&s),
+                Delta::ToolCallStart { id, name, .. } => p.tool_calls.push(ParsedToolCall {
+                    id,
+                    name,
+                    arguments: String::new(),
+                }),
+                Delta::ToolCallArgs { fragment, .. } => {
+                    if let Some(c) = p.tool_calls.last_mut() {
+                        c.arguments.push_str(&fragment);
+                    }
+                }
+                Delta::ToolCallEnd { .. } => {}
+            }
+        }
+        if !reasoning.is_empty() {
+            p.reasoning = Some(reasoning);
+        }
+        p
+    }
+}
+
+/// Parses a complete output; equal to folding [`StreamParser`]'s deltas for any cut of `text`.
+pub fn parse_all(cfg: ParserConfig, text: &str) -> Parsed {
+    let mut p = StreamParser::new(cfg);
+    let mut deltas = p.push(text);
+    deltas.extend(p.finish());
+    Parsed::from_deltas(deltas)
+}
+
+/// Where the parser is in the output.
+#[derive(Debug)]
+enum Mode {
+    /// Nothing but whitespace seen yet; a `<think>` here opens reasoning.
+    Start,
+    /// Inside `<think>`; `seen_text` once non-whitespace reasoning was released.
+    Reasoning { seen_text: bool },
+    /// After `</think>`: whitespace is skipped.
+    AfterThink,
+    /// Answer text, where tool calls may begin.
+    Content,
+    /// Inside a Qwen3 JSON `<tool_call>`.
+    JsonCall(JsonBody),
+    /// Inside a Qwen3-Coder XML `<tool_call>`, after `<function=NAME>`.
+    XmlCall(Box<XmlCall>),
+    /// `finish` was called.
+    Done,
+}
+
+/// Text of a JSON tool-call block collected until its closing tag.
+#[derive(Debug, Default)]
+struct JsonBody {
+    /// Text after `<tool_call>`.
+    body: String,
+    /// Bytes of `body` already searched for `</tool_call>`.
+    scanned: usize,
+    /// Whitespace dropped before `<tool_call>`, given back if the block turns out to be text.
+    lead_ws: String,
+}
+
+const THINK_OPEN: &str = "<think>";
+const THINK_CLOSE: &str = "</think>";
+const TOOL_OPEN: &str = "<tool_call>";
+const TOOL_CLOSE: &str = "</tool_call>";
+
+/// Incremental parser of one reply. Feed pieces with [`push`](Self::push), then call
+/// [`finish`](Self::finish) once.
+#[derive(Debug)]
+pub struct StreamParser {
+    cfg: ParserConfig,
+    mode: Mode,
+    /// Unprocessed input. Between calls it holds at most a partial tag (bounded, see
+    /// `scan::match_xml_open`); the tool-call modes move their text into their own buffers.
+    buf: String,
+    /// Whitespace held back in the text modes: stripped if a tag follows, released otherwise.
+    pending_ws: String,
+    /// The last thing in the answer was a tool call, so trailing whitespace at the end is dropped.
+    after_tool_call: bool,
+    /// Index of the next tool call.
+    next_index: usize,
+    /// Deltas produced by the current call, merged where adjacent.
+    out: Vec<Delta>,
+}
+
+impl StreamParser {
+    /// A parser at the start of a reply.
+    pub fn new(cfg: ParserConfig) -> Self {
+        let mode = if !cfg.reasoning {
+            Mode::Content
+        } else if cfg.starts_in_reasoning {
+            Mode::Reasoning { seen_text: false }
+        } else {
+            Mode::Start
+        };
+        StreamParser {
+            cfg,
+            mode,
+            buf: String::new(),
+            pending_ws: String::new(),
+            after_tool_call: false,
+            next_index: 0,
+            out: Vec::new(),
+        }
+    }
+
+    /// Feeds the next piece of output; returns what it decided.
+    pub fn push(&mut self, text: &str) -> Vec<Delta> {
+        if matches!(self.mode, Mode::Done) {
+            // Text after finish is a caller bug; keep it rather than lose it.
+            self.emit_content(text);
+            return std::mem::take(&mut self.out);
+        }
+        self.buf.push_str(text);
+        let buf = std::mem::take(&mut self.buf);
+        let mut pos = 0;
+        self.run(&buf, &mut pos);
+        // What is left is short (a partial tag), so this copy keeps the work linear.
+        self.buf = buf.get(pos..).unwrap_or("").to_string();
+        std::mem::take(&mut self.out)
+    }
+
+    /// Ends the reply: releases held text and closes an open block (see the module docs).
+    pub fn finish(&mut self) -> Vec<Delta> {
+        if matches!(self.mode, Mode::Done) {
+            return std::mem::take(&mut self.out);
+        }
+        let mode = std::mem::replace(&mut self.mode, Mode::Done);
+        let rest = std::mem::take(&mut self.buf);
+        match mode {
+            Mode::Start | Mode::Content => {
+                // A held partial tag is text after all.
+                if !rest.is_empty() || !self.after_tool_call {
+                    self.flush_ws_as_content();
+                }
+                self.emit_content(&rest);
+            }
+            Mode::Reasoning { seen_text } => {
+                // Unterminated think: all of it is reasoning, trimmed at the end.
+                let rest = rest.trim_end();
+                if !rest.is_empty() {
+                    if seen_text {
+                        self.flush_ws_as_reasoning();
+                    }
+                    self.emit_reasoning(rest.trim_start());
+                }
+            }
+            Mode::AfterThink | Mode::Done => {}
+            Mode::JsonCall(mut j) => {
+                j.body.push_str(&rest);
+                // Generation may stop inside the closing tag: that partial tag is not JSON.
+                let block = match j.body.rfind('<') {
+                    Some(lt) if TOOL_CLOSE.as_bytes().starts_with(&j.body.as_bytes()[lt..]) => {
+                        &j.body[..lt]
+                    }
+                    _ => &j.body[..],
+                };
+                let block = block.to_string();
+                self.resolve_json_block(&j.lead_ws, &block, false);
+            }
+            Mode::XmlCall(mut x) => {
+                let mut sink = Vec::new();
+                let _ = x.push(&rest, &mut sink, &self.cfg.tool_schemas, self.cfg.id_seed);
+                x.finish(&mut sink, &self.cfg.tool_schemas);
+                self.next_index = x.next_index();
+                self.out.extend(sink);
+            }
+        }
+        self.pending_ws.clear();
+        std::mem::take(&mut self.out)
+    }
+
+    /// Processes `buf[pos..]` until it is used up or only a partial tag remains.
+    fn run(&mut self, buf: &str, pos: &mut usize) {
+        // Each step consumes input or changes mode towards consuming it, so this ends.
+        loop {
+            let progressed = match self.mode {
+                Mode::Start => self.step_start(buf, pos),
+                Mode::Reasoning { .. } => self.step_reasoning(buf, pos),
+                Mode::AfterThink => self.step_after_think(buf, pos),
+                Mode::Content => self.step_content(buf, pos),
+                Mode::JsonCall(_) => self.step_json(buf, pos),
+                Mode::XmlCall(_) => self.step_xml(buf, pos),
+                Mode::Done => false,
+            };
+            if !progressed || *pos >= buf.len() {
+                break;
+            }
+        }
+    }
+
+    /// Leading whitespace is held; `<think>` opens reasoning, anything else is the answer.
+    fn step_start(&mut self, buf: &str, pos: &mut usize) -> bool {
+        let bytes = buf.as_bytes();
+        let n = bytes[*pos..].iter().take_while(|b| is_ws(**b)).count();
+        self.pending_ws.push_str(&buf[*pos..*pos + n]);
+        *pos += n;
+        if *pos >= bytes.len() {
+            return false;
+        }
+        match scan::match_tag(&bytes[*pos..], THINK_OPEN) {
+            TagMatch::Full => {
+                *pos += THINK_OPEN.len();
+                self.pending_ws.clear();
+                self.mode = Mode::Reasoning { seen_text: false };
+                true
+            }
+            TagMatch::Partial => false,
+            TagMatch::No => {
+                self.mode = Mode::Content;
+                true
+            }
+        }
+    }
+
+    /// Reasoning text up to `</think>`: leading whitespace dropped, trailing whitespace held.
+    fn step_reasoning(&mut self, buf: &str, pos: &mut usize) -> bool {
+        let Mode::Reasoning { mut seen_text } = self.mode else {
+            return false;
+        };
+        let bytes = buf.as_bytes();
+        let mut i = *pos;
+        let mut text_start = i;
+        let mut closed = false;
+        while i < bytes.len() {
+            let b = bytes[i];
+            if is_ws(b) {
+                if text_start < i {
+                    self.flush_ws_as_reasoning();
+                    self.emit_reasoning(&buf[text_start..i]);
+                    seen_text = true;
+                }
+                if seen_text {
+                    self.pending_ws.push(b as char);
+                }
+                i += 1;
+                text_start = i;
+            } else if b == b'<' {
+                match scan::match_tag(&bytes[i..], THINK_CLOSE) {
+                    TagMatch::Full => {
+                        closed = true;
+                        break;
+                    }
+                    TagMatch::Partial => break,
+                    TagMatch::No => i += 1,
+                }
+            } else {
+                i += 1;
+            }
+        }
+        if text_start < i {
+            self.flush_ws_as_reasoning();
+            self.emit_reasoning(&buf[text_start..i]);
+            seen_text = true;
+        }
+        if closed {
+            self.pending_ws.clear();
+            *pos = i + THINK_CLOSE.len();
+            self.mode = Mode::AfterThink;
+            true
+        } else {
+            *pos = i;
+            self.mode = Mode::Reasoning { seen_text };
+            false
+        }
+    }
+
+    fn step_after_think(&mut self, buf: &str, pos: &mut usize) -> bool {
+        let bytes = buf.as_bytes();
+        *pos += bytes[*pos..].iter().take_while(|b| is_ws(**b)).count();
+        if *pos >= bytes.len() {
+            return false;
+        }
+        self.mode = Mode::Content;
+        true
+    }
+
+    /// Answer text: released at once, except whitespace (when tools are on, it is dropped
+    /// before a tool call) and a partial `<tool_call>` opening.
+    fn step_content(&mut self, buf: &str, pos: &mut usize) -> bool {
+        let bytes = buf.as_bytes();
+        if self.cfg.tools == ToolFormat::None {
+            self.flush_ws_as_content();
+            self.emit_content(&buf[*pos..]);
+            *pos = bytes.len();
+            return false;
+        }
+        let mut i = *pos;
+        let mut text_start = i;
+        // (start of `<tool_call>`, bytes of the whole opening, function name for XML)
+        let mut opened: Option<(usize, usize, Option<String>)> = None;
+        while i < bytes.len() {
+            let b = bytes[i];
+            if is_ws(b) {
+                if text_start < i {
+                    self.flush_ws_as_content();
+                    self.emit_content(&buf[text_start..i]);
+                    self.after_tool_call = false;
+                }
+                self.pending_ws.push(b as char);
+                i += 1;
+                text_start = i;
+            } else if b == b'<' {
+                match scan::match_tag(&bytes[i..], TOOL_OPEN) {
+                    TagMatch::Full => {
+                        let after = i + TOOL_OPEN.len();
+                        if self.cfg.tools == ToolFormat::Qwen3Json {
+                            opened = Some((i, TOOL_OPEN.len(), None));
+                            break;
+                        }
+                        match scan::match_xml_open(&bytes[after..]) {
+                            XmlOpen::Full { len, name } => {
+                                opened = Some((i, TOOL_OPEN.len() + len, Some(name)));
+                                break;
+                            }
+                            XmlOpen::Partial => break,
+                            // `<tool_call>` not followed by a function: plain text.
+                            XmlOpen::No => i = after,
+                        }
+                    }
+                    TagMatch::Partial => break,
+                    TagMatch::No => i += 1,
+                }
+            } else {
+                i += 1;
+            }
+        }
+        if text_start < i {
+            self.flush_ws_as_content();
+            self.emit_content(&buf[text_start..i]);
+            self.after_tool_call = false;
+        }
+        let Some((_, len, name)) = opened else {
+            *pos = i;
+            return false;
+        };
+        *pos = i + len;
+        let lead_ws = std::mem::take(&mut self.pending_ws);
+        match name {
+            Some(name) => {
+                let x = XmlCall::open(name, self.next_index, self.cfg.id_seed, &mut self.out);
+                self.mode = Mode::XmlCall(Box::new(x));
+            }
+            None => {
+                self.mode = Mode::JsonCall(JsonBody {
+                    lead_ws,
+                    ..JsonBody::default()
+                });
+            }
+        }
+        true
+    }
+
+    fn step_json(&mut self, buf: &str, pos: &mut usize) -> bool {
+        let Mode::JsonCall(j) = &mut self.mode else {
+            return false;
+        };
+        let piece = &buf[*pos..];
+        j.body.push_str(piece);
+        // A close tag may straddle the previous end, so back up by its length less one.
+        let from = floor_char(&j.body, j.scanned.saturating_sub(TOOL_CLOSE.len() - 1));
+        let found = j.body[from..].find(TOOL_CLOSE).map(|r| from + r);
+        j.scanned = j.body.len();
+        let Some(at) = found else {
+            *pos = buf.len();
+            return false;
+        };
+        // The tag was not complete before this piece, so what follows it lies in the piece.
+        let rest_len = (j.body.len() - at - TOOL_CLOSE.len()).min(piece.len());
+        *pos = buf.len() - rest_len;
+        let Mode::JsonCall(mut j) = std::mem::replace(&mut self.mode, Mode::Content) else {
+            return false;
+        };
+        j.body.truncate(at);
+        self.resolve_json_block(&j.lead_ws, &j.body, true);
+        true
+    }
+
+    /// Emits a JSON block as a call, or as answer text when it is not one. A block that is not
+    /// a call but holds another `<tool_call>` (the model restarted) yields the call after the
+    /// last one, the text before it being answer text.
+    fn resolve_json_block(&mut self, lead_ws: &str, block: &str, closed: bool) {
+        if let Some((name, args)) = qwen3_json::parse_call(block) {
+            self.emit_json_call(name, args);
+            return;
+        }
+        if let Some(k) = block.rfind(TOOL_OPEN) {
+            if let Some((name, args)) = qwen3_json::parse_call(&block[k + TOOL_OPEN.len()..]) {
+                self.emit_content(lead_ws);
+                self.emit_content(TOOL_OPEN);
+                self.emit_content(block[..k].trim_end_matches(|c: char| is_ws_char(c)));
+                self.emit_json_call(name, args);
+                return;
+            }
+        }
+        // Not a call after all: the whole block is answer text, tags included.
+        self.emit_content(lead_ws);
+        self.emit_content(TOOL_OPEN);
+        self.emit_content(block);
+        if closed {
+            self.emit_content(TOOL_CLOSE);
+        }
+        self.after_tool_call = false;
+    }
+
+    fn step_xml(&mut self, buf: &str, pos: &mut usize) -> bool {
+        let Mode::XmlCall(x) = &mut self.mode else {
+            return false;
+        };
+        let piece = &buf[*pos..];
+        let outcome = x.push(
+            piece,
+            &mut self.out,
+            &self.cfg.tool_schemas,
+            self.cfg.id_seed,
+        );
+        match outcome {
+            qwen3_coder_xml::Outcome::More => {
+                *pos = buf.len();
+                false
+            }
+            qwen3_coder_xml::Outcome::Closed { rest_len } => {
+                self.next_index = x.next_index();
+                *pos = buf.len() - rest_len;
+                self.mode = Mode::Content;
+                self.after_tool_call = true;
+                true
+            }
+        }
+    }
+
+    fn emit_json_call(&mut self, name: String, args: String) {
+        let index = self.next_index;
+        let id = call_id(self.cfg.id_seed, index);
+        self.out.push(Delta::ToolCallStart { index, id, name });
+        self.out.push(Delta::ToolCallArgs {
+            index,
+            fragment: args,
+        });
+        self.out.push(Delta::ToolCallEnd { index });
+        self.next_index = index.saturating_add(1);
+        self.after_tool_call = true;
+    }
+
+    fn flush_ws_as_content(&mut self) {
+        let ws = std::mem::take(&mut self.pending_ws);
+        self.emit_content(&ws);
+    }
+
+    fn flush_ws_as_reasoning(&mut self) {
+        let ws = std::mem::take(&mut self.pending_ws);
+        self.emit_reasoning(&ws);
+    }
+
+    fn emit_content(&mut self, s: &str) {
+        if s.is_empty() {
+            return;
+        }
+        if let Some(Delta::Content(last)) = self.out.last_mut() {
+            last.push_str(s);
+        } else {
+            self.out.push(Delta::Content(s.to_string()));
+        }
+    }
+
+    fn emit_reasoning(&mut self, s: &str) {
+        if s.is_empty() {
+            return;
+        }
+        if let Some(Delta::Reasoning(last)) = self.out.last_mut() {
+            last.push_str(s);
+        } else {
+            self.out.push(Delta::Reasoning(s.to_string()));
+        }
+    }
+}
+
+fn is_ws_char(c: char) -> bool {
+    c.is_ascii() && is_ws(c as u8)
+}
+
+/// The largest char boundary of `s` at or below `i`.
+fn floor_char(s: &str, mut i: usize) -> usize {
+    i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// `call_` and 24 alphanumerics from a splitmix64 stream keyed by the seed and the call index:
+/// unique-looking like OpenAI's ids, but reproducible so streamed and whole replies agree.
+pub fn call_id(seed: u64, index: usize) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let mut state = seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut id = String::with_capacity(29);
+    id.push_str("call_");
+    for _ in 0..24 {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        // ALPHABET has 62 entries; the index is < 62 so `get` always succeeds.
+        let c = ALPHABET.get((z % 62) as usize).copied().unwrap_or(b'a');
+        id.push(c as char);
+    }
+    id
+}

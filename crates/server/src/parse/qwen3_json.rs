@@ -1,0 +1,58 @@
+//! Qwen3 (Hermes-style) tool calls: `<tool_call>\n{"name": .., "arguments": {..}}\n</tool_call>`.
+//!
+//! The block between the tags is parsed whole once its closing tag arrives; the arguments are
+//! re-serialised compactly (key order kept), as llama-server's `json::dump()` does.
+
+use serde_json::Value;
+
+/// Name and arguments JSON text of one block, or `None` when the block is not a tool call.
+///
+/// `arguments` may also be spelled `parameters` (some Qwen fine-tunes), may be missing (an empty
+/// object) or may be a string holding JSON (passed on as that JSON's text).
+pub(super) fn parse_call(block: &str) -> Option<(String, String)> {
+    let v: Value = serde_json::from_str(block.trim()).ok()?;
+    let obj = v.as_object()?;
+    let name = obj.get("name")?.as_str()?;
+    if name.is_empty() {
+        return None;
+    }
+    let args = match obj.get("arguments").or_else(|| obj.get("parameters")) {
+        None | Some(Value::Null) => "{}".to_string(),
+        Some(Value::String(s)) => {
+            // Arguments already encoded as a string: accept it only if it is JSON itself.
+            let inner: Value = serde_json::from_str(s).ok()?;
+            inner.to_string()
+        }
+        Some(other) => other.to_string(),
+    };
+    Some((name.to_string(), args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_call;
+
+    #[test]
+    fn blocks() {
+        let ok = |b: &str| parse_call(b).map(|(n, a)| format!("{n} {a}"));
+        assert_eq!(
+            ok("\n{\"name\": \"f\", \"arguments\": {\"b\": 1, \"a\": [true]}}\n").as_deref(),
+            Some("f {\"b\":1,\"a\":[true]}")
+        );
+        assert_eq!(ok("{\"name\": \"f\"}").as_deref(), Some("f {}"));
+        assert_eq!(
+            ok("{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": 2}\"}").as_deref(),
+            Some("f {\"x\":2}")
+        );
+        assert_eq!(
+            ok("{\"name\": \"f\", \"parameters\": {\"x\": \"é\"}}").as_deref(),
+            Some("f {\"x\":\"é\"}")
+        );
+        assert_eq!(ok("{\"name\": \"f\", \"arguments\": {"), None);
+        assert_eq!(ok("{\"arguments\": {}}"), None);
+        assert_eq!(ok("{\"name\": \"\"}"), None);
+        assert_eq!(ok("[1]"), None);
+        assert_eq!(ok(""), None);
+        assert_eq!(ok("{\"name\": \"f\", \"arguments\": \"not json\"}"), None);
+    }
+}

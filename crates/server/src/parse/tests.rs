@@ -1,0 +1,618 @@
+//! Corpus tests: every output is parsed whole, cut in two at every char boundary, cut at seeded
+//! random places and fed one char at a time; all must give the hand-written expectation, and the
+//! delta stream must be well formed. Plus seeded fuzzing (streamed equals whole on random texts
+//! built from tag fragments) and linear-time checks on megabyte outputs.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::*;
+
+fn cfg(tools: ToolFormat, reasoning: bool, starts_in_reasoning: bool) -> ParserConfig {
+    ParserConfig {
+        tools,
+        reasoning,
+        starts_in_reasoning,
+        tool_schemas: HashMap::new(),
+        id_seed: 42,
+    }
+}
+
+/// Qwen3 defaults: reasoning and JSON tool calls.
+fn qwen3() -> ParserConfig {
+    cfg(ToolFormat::Qwen3Json, true, false)
+}
+
+/// Qwen3-Coder: XML tool calls typed by the schema of `run` and `f`.
+fn coder() -> ParserConfig {
+    let tools = json!([
+        {"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {
+            "command": {"type": "string"}, "count": {"type": "integer"}, "force": {"type": "boolean"},
+            "opts": {"type": "object"}, "ratio": {"type": "number"}, "note": {"type": "string"},
+            "list": {"type": "array"}
+        }}}},
+        {"name": "f", "input_schema": {"type": "object", "properties": {"n": {"type": "number"}}}}
+    ]);
+    let mut c = cfg(ToolFormat::Qwen3CoderXml, true, false);
+    c.tool_schemas = tool_schemas_from_request(&tools);
+    c
+}
+
+struct Case {
+    name: &'static str,
+    cfg: ParserConfig,
+    input: &'static str,
+    content: &'static str,
+    reasoning: Option<&'static str>,
+    /// (name, arguments JSON text)
+    calls: &'static [(&'static str, &'static str)],
+}
+
+fn corpus() -> Vec<Case> {
+    vec![
+        Case {
+            name: "plain passthrough",
+            cfg: ParserConfig::plain(),
+            input: "Hello, world!\n  a < b, <div>x</div> <think> </tool_call>\n\n",
+            content: "Hello, world!\n  a < b, <div>x</div> <think> </tool_call>\n\n",
+            reasoning: None,
+            calls: &[],
+        },
+        Case {
+            name: "plain text through the qwen3 parser",
+            cfg: qwen3(),
+            input: "\n Hello <b>bold</b>, a < b, x <tool y <<tool_cal\n",
+            content: "\n Hello <b>bold</b>, a < b, x <tool y <<tool_cal\n",
+            reasoning: None,
+            calls: &[],
+        },
+        Case {
+            name: "think then answer",
+            cfg: qwen3(),
+            input: "<think>\nLet me think.\n\nStep 2: a<b.\n</think>\n\nThe answer is 4.",
+            content: "The answer is 4.",
+            reasoning: Some("Let me think.\n\nStep 2: a<b."),
+            calls: &[],
+        },
+        Case {
+            name: "starts inside think",
+            cfg: cfg(ToolFormat::Qwen3Json, true, true),
+            input: "Hmm, 2+2.\n</think>\n\n4\n",
+            content: "4\n",
+            reasoning: Some("Hmm, 2+2."),
+            calls: &[],
+        },
+        Case {
+            name: "empty think block written by the model",
+            cfg: qwen3(),
+            input: "<think>\n\n</think>\n\nHi",
+            content: "Hi",
+            reasoning: None,
+            calls: &[],
+        },
+        Case {
+            name: "think then tool call",
+            cfg: qwen3(),
+            input: "<think>\nNeed the weather.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+            content: "",
+            reasoning: Some("Need the weather."),
+            calls: &[("get_weather", r#"{"city":"Paris"}"#)],
+        },
+        Case {
+            name: "two json calls after content",
+            cfg: qwen3(),
+            input: "Let me check both.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"東京\", \"unit\": \"c\", \"deep\": {\"x\": [1, 2.5, null, \"</tool\"]}}}\n</tool_call>\n",
+            content: "Let me check both.",
+            reasoning: None,
+            calls: &[
+                ("get_weather", r#"{"city":"Paris"}"#),
+                ("get_weather", r#"{"city":"東京","unit":"c","deep":{"x":[1,2.5,null,"</tool"]}}"#),
+            ],
+        },
+        Case {
+            name: "json call between text",
+            cfg: qwen3(),
+            input: "A\n<tool_call>{\"name\":\"f\"}</tool_call>\nB",
+            content: "A\nB",
+            reasoning: None,
+            calls: &[("f", "{}")],
+        },
+        Case {
+            name: "malformed tool json is text",
+            cfg: qwen3(),
+            input: "Try: <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": }\n</tool_call> done",
+            content: "Try: <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": }\n</tool_call> done",
+            reasoning: None,
+            calls: &[],
+        },
+        Case {
+            name: "json block restarted inside is recovered",
+            cfg: qwen3(),
+            input: "<tool_call>\n{\"name\": \n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"b\"}}\n</tool_call>",
+            content: "<tool_call>\n{\"name\":",
+            reasoning: None,
+            calls: &[("f", r#"{"a":"b"}"#)],
+        },
+        Case {
+            name: "unterminated think",
+            cfg: qwen3(),
+            input: "  <think>\nstill thinking about é and 中文 </thi",
+            content: "",
+            reasoning: Some("still thinking about é and 中文 </thi"),
+            calls: &[],
+        },
+        Case {
+            name: "unterminated json call that parses",
+            cfg: qwen3(),
+            input: "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"q\": 1}}\n</tool_",
+            content: "",
+            reasoning: None,
+            calls: &[("f", r#"{"q":1}"#)],
+        },
+        Case {
+            name: "unterminated json call that does not parse",
+            cfg: qwen3(),
+            input: "ok \n<tool_call>\n{\"name\": \"f\", \"argu",
+            content: "ok \n<tool_call>\n{\"name\": \"f\", \"argu",
+            reasoning: None,
+            calls: &[],
+        },
+        Case {
+            name: "coder xml with typed parameters",
+            cfg: coder(),
+            input: "I'll run it.\n\n<tool_call>\n<function=run>\n<parameter=command>\nls -la\ncd /tmp\n</parameter>\n<parameter=count>\n3\n</parameter>\n<parameter=force>\ntrue\n</parameter>\n<parameter=opts>\n{\"a\": [1, {\"b\": null}]}\n</parameter>\n<parameter=ratio>\n0.5\n</parameter>\n<parameter=note>\n\nline with a < b and </param text\n\n</parameter>\n<parameter=list>\n[1, \"x\"]\n</parameter>\n</function>\n</tool_call>",
+            content: "I'll run it.",
+            reasoning: None,
+            calls: &[(
+                "run",
+                r#"{"command":"ls -la\ncd /tmp","count":3,"force":true,"opts":{"a":[1,{"b":null}]},"ratio":0.5,"note":"\nline with a < b and </param text\n","list":[1,"x"]}"#,
+            )],
+        },
+        Case {
+            name: "coder xml values that do not fit their type stay strings",
+            cfg: coder(),
+            input: "<tool_call>\n<function=run>\n<parameter=count>\nmany\n</parameter>\n<parameter=force>\nyes\n</parameter>\n<parameter=extra>\n7\n</parameter>\n</function>\n</tool_call>",
+            content: "",
+            reasoning: None,
+            calls: &[("run", r#"{"count":"many","force":"yes","extra":"7"}"#)],
+        },
+        Case {
+            name: "coder two calls, the second cut off in a value",
+            cfg: coder(),
+            input: "<think>\nplan\n</think>\n\n<tool_call>\n<function=f>\n<parameter=n>\n1e3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=g>\n<parameter=x>\nhello\nwor",
+            content: "",
+            reasoning: Some("plan"),
+            calls: &[("f", r#"{"n":1000}"#), ("g", r#"{"x":"hello\nwor"}"#)],
+        },
+        Case {
+            name: "coder parameters left open, two functions in one block",
+            cfg: coder(),
+            input: "<tool_call>\n<function=a>\n<parameter=p>\n1\n<parameter=q>\n2\n</function>\n<function=b>\n</function>\n</tool_call>\ntail",
+            content: "\ntail",
+            reasoning: None,
+            calls: &[("a", r#"{"p":"1","q":"2"}"#), ("b", "{}")],
+        },
+        Case {
+            name: "coder tool_call tag without a function is text",
+            cfg: coder(),
+            input: "see <tool_call> tag</tool_call> and <tool_call>\n<functio",
+            content: "see <tool_call> tag</tool_call> and <tool_call>\n<functio",
+            reasoning: None,
+            calls: &[],
+        },
+        Case {
+            name: "unicode everywhere",
+            cfg: qwen3(),
+            input: "<think>\nпривет 😀\n</think>\n\n答え: 😀 <b>ok</b> ü",
+            content: "答え: 😀 <b>ok</b> ü",
+            reasoning: Some("привет 😀"),
+            calls: &[],
+        },
+        Case {
+            name: "reasoning off: think tags are text",
+            cfg: cfg(ToolFormat::None, false, true),
+            input: "<think>\nx\n</think>\n\ny",
+            content: "<think>\nx\n</think>\n\ny",
+            reasoning: None,
+            calls: &[],
+        },
+        Case {
+            name: "stray close tag is text",
+            cfg: qwen3(),
+            input: "abc</think>def",
+            content: "abc</think>def",
+            reasoning: None,
+            calls: &[],
+        },
+        Case {
+            name: "think later in the answer is text",
+            cfg: qwen3(),
+            input: "Hi <think>x</think>",
+            content: "Hi <think>x</think>",
+            reasoning: None,
+            calls: &[],
+        },
+        Case {
+            name: "tool calls are not parsed inside reasoning",
+            cfg: qwen3(),
+            input: "<think>\n<tool_call>{\"name\":\"f\"}</tool_call>\n</think>\nok",
+            content: "ok",
+            reasoning: Some("<tool_call>{\"name\":\"f\"}</tool_call>"),
+            calls: &[],
+        },
+        Case {
+            name: "empty output",
+            cfg: qwen3(),
+            input: "",
+            content: "",
+            reasoning: None,
+            calls: &[],
+        },
+    ]
+}
+
+/// Checks the delta stream's shape: no empty text, calls numbered 0.. in order, arguments only
+/// inside an open call, nothing else while a call is open, and arguments that are a JSON object.
+fn check_well_formed(name: &str, deltas: &[Delta]) {
+    let mut open: Option<(usize, String)> = None;
+    let mut next = 0;
+    for d in deltas {
+        match d {
+            Delta::Content(s) | Delta::Reasoning(s) => {
+                assert!(!s.is_empty(), "{name}: empty text delta");
+                assert!(open.is_none(), "{name}: text inside a call: {deltas:?}");
+            }
+            Delta::ToolCallStart { index, id, .. } => {
+                assert!(open.is_none(), "{name}: nested call");
+                assert_eq!(*index, next, "{name}: call index");
+                assert_eq!(id, &call_id(42, *index), "{name}: id");
+                open = Some((*index, String::new()));
+            }
+            Delta::ToolCallArgs { index, fragment } => {
+                let (i, args) = open.as_mut().expect("args outside a call");
+                assert_eq!(i, index, "{name}: args index");
+                args.push_str(fragment);
+            }
+            Delta::ToolCallEnd { index } => {
+                let (i, args) = open.take().expect("end outside a call");
+                assert_eq!(i, *index, "{name}: end index");
+                let v: Value = serde_json::from_str(&args)
+                    .unwrap_or_else(|e| panic!("{name}: arguments {args:?}: {e}"));
+                assert!(v.is_object(), "{name}: arguments not an object: {args}");
+                next += 1;
+            }
+        }
+    }
+    assert!(open.is_none(), "{name}: call left open");
+}
+
+fn stream(cfg: &ParserConfig, pieces: &[&str]) -> (Parsed, Vec<Delta>) {
+    let mut p = StreamParser::new(cfg.clone());
+    let mut all = Vec::new();
+    for piece in pieces {
+        all.extend(p.push(piece));
+    }
+    all.extend(p.finish());
+    (Parsed::from_deltas(all.clone()), all)
+}
+
+/// Splits `s` at the given byte positions, moved down to char boundaries.
+fn cut_at<'a>(s: &'a str, cuts: &[usize]) -> Vec<&'a str> {
+    let mut pieces = Vec::new();
+    let mut last = 0;
+    let mut cuts: Vec<usize> = cuts.iter().map(|&c| floor_char(s, c)).collect();
+    cuts.sort_unstable();
+    for c in cuts {
+        if c >= last {
+            pieces.push(&s[last..c]);
+            last = c;
+        }
+    }
+    pieces.push(&s[last..]);
+    pieces
+}
+
+/// xorshift64*: deterministic cuts without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % (n.max(1) as u64)) as usize
+    }
+}
+
+fn expected(case: &Case) -> Parsed {
+    Parsed {
+        content: case.content.to_string(),
+        reasoning: case.reasoning.map(str::to_string),
+        tool_calls: case
+            .calls
+            .iter()
+            .enumerate()
+            .map(|(i, (name, args))| ParsedToolCall {
+                id: call_id(42, i),
+                name: name.to_string(),
+                arguments: args.to_string(),
+            })
+            .collect(),
+    }
+}
+
+fn check_all_cuts(case: &Case) {
+    let want = expected(case);
+    let whole = parse_all(case.cfg.clone(), case.input);
+    assert_eq!(whole, want, "{}: parse_all", case.name);
+    let (_, deltas) = stream(&case.cfg, &[case.input]);
+    check_well_formed(case.name, &deltas);
+
+    let s = case.input;
+    for cut in 0..=s.len() {
+        if !s.is_char_boundary(cut) {
+            continue;
+        }
+        let (got, deltas) = stream(&case.cfg, &[&s[..cut], &s[cut..]]);
+        assert_eq!(got, want, "{}: cut at {cut}: {:?}", case.name, &s[..cut]);
+        check_well_formed(case.name, &deltas);
+    }
+    let chars: Vec<String> = s.chars().map(String::from).collect();
+    let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+    let (got, deltas) = stream(&case.cfg, &pieces);
+    assert_eq!(got, want, "{}: one char at a time", case.name);
+    check_well_formed(case.name, &deltas);
+
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ s.len() as u64);
+    for _ in 0..50 {
+        let n = 1 + rng.below(12);
+        let cuts: Vec<usize> = (0..n).map(|_| rng.below(s.len() + 1)).collect();
+        let pieces = cut_at(s, &cuts);
+        let (got, deltas) = stream(&case.cfg, &pieces);
+        assert_eq!(got, want, "{}: pieces {pieces:?}", case.name);
+        check_well_formed(case.name, &deltas);
+    }
+}
+
+#[test]
+fn corpus_every_cut() {
+    for case in corpus() {
+        check_all_cuts(&case);
+    }
+}
+
+/// Nothing is lost or duplicated: for outputs without tool calls, the reply's text is the input
+/// without the think tags, up to whitespace (the documented stripping).
+#[test]
+fn no_text_lost_without_tools() {
+    let squash = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
+    for case in corpus().iter().filter(|c| c.calls.is_empty()) {
+        let got = parse_all(case.cfg.clone(), case.input);
+        let mut input = case.input.to_string();
+        let opened = case.cfg.reasoning
+            && (case.cfg.starts_in_reasoning || input.trim_start().starts_with(THINK_OPEN));
+        if opened {
+            if !case.cfg.starts_in_reasoning {
+                input = input.replacen(THINK_OPEN, "", 1);
+            }
+            input = input.replacen(THINK_CLOSE, "", 1);
+        }
+        let text = format!("{}{}", got.reasoning.unwrap_or_default(), got.content);
+        assert_eq!(squash(&text), squash(&input), "{}", case.name);
+    }
+}
+
+/// Random texts built from tag fragments: never a panic, always well formed, and streamed in
+/// random pieces equal to parsed whole.
+#[test]
+fn fuzz_streamed_equals_whole() {
+    const FRAGS: &[&str] = &[
+        "<",
+        ">",
+        "\n",
+        " ",
+        "a",
+        "é",
+        "😀",
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "<tool",
+        "_call>",
+        "</th",
+        "ink>",
+        "{\"name\": \"f\"",
+        ", \"arguments\": {\"x\": 1}",
+        "}",
+        "<function=f>",
+        "<function=",
+        "<parameter=n>",
+        "</parameter>",
+        "</function>",
+        "2",
+        "<parameter=",
+        "null",
+        "{",
+        "\"",
+    ];
+    let configs = [
+        ParserConfig::plain(),
+        qwen3(),
+        cfg(ToolFormat::Qwen3Json, true, true),
+        coder(),
+        cfg(ToolFormat::Qwen3CoderXml, false, false),
+    ];
+    let mut rng = Rng(7);
+    for round in 0..3000 {
+        let n = 1 + rng.below(30);
+        let text: String = (0..n).map(|_| FRAGS[rng.below(FRAGS.len())]).collect();
+        let c = &configs[round % configs.len()];
+        let whole = parse_all(c.clone(), &text);
+        let cuts: Vec<usize> = (0..rng.below(8))
+            .map(|_| rng.below(text.len() + 1))
+            .collect();
+        let pieces = cut_at(&text, &cuts);
+        let (got, deltas) = stream(c, &pieces);
+        assert_eq!(got, whole, "text {text:?} pieces {pieces:?} cfg {c:?}");
+        check_well_formed(&text, &deltas);
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+        assert_eq!(
+            stream(c, &pieces).0,
+            whole,
+            "char by char: {text:?} cfg {c:?}"
+        );
+    }
+}
+
+/// Feeds `text` in `step`-byte pieces, checking the held-back buffer stays small, within `limit`.
+fn feed_linear(c: &ParserConfig, text: &str, step: usize, limit: Duration) -> Parsed {
+    let t = Instant::now();
+    let mut p = StreamParser::new(c.clone());
+    let mut deltas = Vec::new();
+    let mut i = 0;
+    while i < text.len() {
+        let j = floor_char(text, (i + step).min(text.len())).max(i + 1);
+        let j = (i..=j)
+            .rev()
+            .find(|&k| text.is_char_boundary(k))
+            .unwrap_or(text.len());
+        deltas.extend(p.push(&text[i..j]));
+        assert!(p.buf.len() < 1024, "held back {} bytes", p.buf.len());
+        i = j;
+    }
+    deltas.extend(p.finish());
+    assert!(t.elapsed() < limit, "took {:?}", t.elapsed());
+    Parsed::from_deltas(deltas)
+}
+
+#[test]
+fn long_outputs_are_linear() {
+    let limit = Duration::from_secs(20);
+    let filler = "lorem < ipsum <tool dolor\n".repeat(40_000); // ~1 MB
+                                                               // Unterminated JSON call followed by 1 MB: released as text at the end.
+    let text = format!("<tool_call>\n{filler}");
+    let got = feed_linear(&qwen3(), &text, 3, limit);
+    assert_eq!(got.content, text);
+    // Unterminated XML value of 1 MB: closed with the value at the end.
+    let text = format!("<tool_call>\n<function=run>\n<parameter=command>\n{filler}");
+    let got = feed_linear(&coder(), &text, 3, limit);
+    assert_eq!(got.tool_calls.len(), 1);
+    // `{"command":"` + `"}`, each newline escaped to two bytes, the value's last newline stripped.
+    assert_eq!(
+        got.tool_calls[0].arguments.len(),
+        14 + filler.len() - 1 + 39_999
+    );
+    // 1 MB of reasoning and of answer text, with tag-like text throughout.
+    let text = format!("<think>\n{filler}</think>\n\n{filler}");
+    let got = feed_linear(&qwen3(), &text, 5, limit);
+    assert_eq!(got.content, filler);
+    // Many calls and many false starts in one piece.
+    let call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n<tool_call> x <tool_call>\n<function=f>\n";
+    let text = call.repeat(20_000);
+    let t = Instant::now();
+    let got = parse_all(coder(), &text);
+    assert!(got.tool_calls.len() > 1000);
+    let got = parse_all(qwen3(), &text);
+    assert_eq!(got.tool_calls.len(), 20_000);
+    assert!(t.elapsed() < limit, "took {:?}", t.elapsed());
+    // 1 MB of whitespace after a call is held, not re-scanned.
+    let text = format!(
+        "<tool_call>{{\"name\":\"f\"}}</tool_call>{}x",
+        " ".repeat(1 << 20)
+    );
+    let got = feed_linear(&qwen3(), &text, 1, limit);
+    assert_eq!(got.content.len(), (1 << 20) + 1);
+}
+
+#[test]
+fn detect_formats_from_templates() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared");
+    let coder = std::fs::read_to_string(format!("{root}/templates/Qwen3-Coder.jinja"));
+    let qwen3 = std::fs::read_to_string(format!("{root}/tokenizers/qwen3/tokenizer_config.json"));
+    if let (Ok(coder), Ok(qwen3)) = (coder, qwen3) {
+        assert_eq!(ToolFormat::detect(&coder), ToolFormat::Qwen3CoderXml);
+        let cfg: Value = serde_json::from_str(&qwen3).expect("tokenizer_config.json");
+        let tpl = cfg["chat_template"].as_str().expect("chat_template");
+        assert_eq!(ToolFormat::detect(tpl), ToolFormat::Qwen3Json);
+    }
+    assert_eq!(ToolFormat::detect("{{ messages }}"), ToolFormat::None);
+}
+
+#[test]
+fn prompt_opening_think() {
+    assert!(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
+    assert!(!prompt_opens_reasoning(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    ));
+    assert!(!prompt_opens_reasoning("<|im_start|>assistant\n"));
+}
+
+#[test]
+fn ids_are_deterministic_and_distinct() {
+    let a = call_id(1, 0);
+    assert_eq!(a.len(), 29);
+    assert!(a.starts_with("call_"));
+    assert!(a[5..].bytes().all(|b| b.is_ascii_alphanumeric()));
+    assert_eq!(a, call_id(1, 0));
+    assert_ne!(a, call_id(1, 1));
+    assert_ne!(a, call_id(2, 0));
+}
+
+#[test]
+fn coder_arguments_stream_per_parameter() {
+    let mut p = StreamParser::new(coder());
+    let mut d = p.push("<tool_call>\n<function=run>\n<parameter=count>\n3\n</parameter>\n");
+    assert_eq!(
+        d,
+        vec![
+            Delta::ToolCallStart {
+                index: 0,
+                id: call_id(42, 0),
+                name: "run".into()
+            },
+            Delta::ToolCallArgs {
+                index: 0,
+                fragment: "{\"count\":3".into()
+            },
+        ]
+    );
+    d = p.push("<parameter=force>\nfalse\n</parameter>\n</function>\n</tool_call>");
+    assert_eq!(
+        d,
+        vec![
+            Delta::ToolCallArgs {
+                index: 0,
+                fragment: ",\"force\":false".into()
+            },
+            Delta::ToolCallArgs {
+                index: 0,
+                fragment: "}".into()
+            },
+            Delta::ToolCallEnd { index: 0 },
+        ]
+    );
+    assert!(p.finish().is_empty());
+}
+
+#[test]
+fn content_streams_without_delay() {
+    let mut p = StreamParser::new(qwen3());
+    assert_eq!(p.push("Hello"), vec![Delta::Content("Hello".into())]);
+    // Whitespace waits for the next text (it is dropped before a tool call).
+    assert_eq!(p.push(" "), vec![]);
+    assert_eq!(p.push("wor"), vec![Delta::Content(" wor".into())]);
+    assert_eq!(p.push("ld <"), vec![Delta::Content("ld".into())]);
+    assert_eq!(p.push("b>"), vec![Delta::Content(" <b>".into())]);
+    let mut p = StreamParser::new(ParserConfig::plain());
+    assert_eq!(p.push("a "), vec![Delta::Content("a ".into())]);
+    assert_eq!(
+        p.push("<tool_call>"),
+        vec![Delta::Content("<tool_call>".into())]
+    );
+}
