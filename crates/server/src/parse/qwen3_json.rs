@@ -7,8 +7,8 @@ use serde_json::Value;
 
 /// Name and arguments JSON text of one block, or `None` when the block is not a tool call.
 ///
-/// `arguments` may also be spelled `parameters` (some Qwen fine-tunes), may be missing (an empty
-/// object) or may be a string holding JSON (passed on as that JSON's text).
+/// `arguments` must be an object; it may also be spelled `parameters` (some Qwen fine-tunes), may
+/// be missing (an empty object) or may be a string holding a JSON object (passed on as its text).
 pub(super) fn parse_call(block: &str) -> Option<(String, String)> {
     let v: Value = serde_json::from_str(block.trim()).ok()?;
     let obj = v.as_object()?;
@@ -16,14 +16,16 @@ pub(super) fn parse_call(block: &str) -> Option<(String, String)> {
     if name.is_empty() {
         return None;
     }
+    // Clients take the arguments as an object (Anthropic's `tool_use.input` must be one), so
+    // anything else means this is not a well-formed call.
     let args = match obj.get("arguments").or_else(|| obj.get("parameters")) {
         None | Some(Value::Null) => "{}".to_string(),
         Some(Value::String(s)) => {
-            // Arguments already encoded as a string: accept it only if it is JSON itself.
+            // Arguments already encoded as a string: accept it only if it is a JSON object.
             let inner: Value = serde_json::from_str(s).ok()?;
-            inner.to_string()
+            inner.is_object().then(|| inner.to_string())?
         }
-        Some(other) => other.to_string(),
+        Some(other) => other.is_object().then(|| other.to_string())?,
     };
     Some((name.to_string(), args))
 }
@@ -54,5 +56,7 @@ mod tests {
         assert_eq!(ok("[1]"), None);
         assert_eq!(ok(""), None);
         assert_eq!(ok("{\"name\": \"f\", \"arguments\": \"not json\"}"), None);
+        assert_eq!(ok("{\"name\": \"f\", \"arguments\": [1]}"), None);
+        assert_eq!(ok("{\"name\": \"f\", \"arguments\": \"3\"}"), None);
     }
 }

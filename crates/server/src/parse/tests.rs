@@ -406,6 +406,57 @@ fn no_text_lost_without_tools() {
     }
 }
 
+/// Nothing is lost or duplicated with Qwen3 JSON calls either: the answer text and each call
+/// written back as `<tool_call>{"name":..,"arguments":..}</tool_call>`, in delta order, give
+/// the input up to whitespace (and the arguments key when the model left it out).
+#[test]
+fn no_text_lost_with_json_calls() {
+    let squash = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
+    for case in corpus().iter() {
+        if case.cfg.tools != ToolFormat::Qwen3Json || case.calls.is_empty() {
+            continue;
+        }
+        let (got, deltas) = stream(&case.cfg, &[case.input]);
+        let mut text = String::new();
+        let mut reasoning_done = false;
+        for d in &deltas {
+            match d {
+                Delta::Reasoning(s) => {
+                    if !reasoning_done {
+                        text.push_str(THINK_OPEN);
+                        reasoning_done = true;
+                    }
+                    text.push_str(s);
+                }
+                Delta::Content(s) => text.push_str(s),
+                Delta::ToolCallStart { name, .. } => {
+                    if reasoning_done {
+                        text.push_str(THINK_CLOSE);
+                        reasoning_done = false;
+                    }
+                    text.push_str(&format!("{TOOL_OPEN}{{\"name\":\"{name}\""));
+                }
+                Delta::ToolCallArgs { fragment, .. } => {
+                    if case.input.contains("\"arguments\"") {
+                        text.push_str(&format!(",\"arguments\":{fragment}"));
+                    }
+                }
+                Delta::ToolCallEnd { .. } => text.push_str(&format!("}}{TOOL_CLOSE}")),
+            }
+        }
+        assert!(!got.tool_calls.is_empty());
+        // Generation cut inside the closing tag: the call was closed anyway.
+        let mut input = case.input.to_string();
+        if let Some(i) = (1..TOOL_CLOSE.len())
+            .rev()
+            .find(|&i| input.ends_with(&TOOL_CLOSE[..i]))
+        {
+            input.push_str(&TOOL_CLOSE[i..]);
+        }
+        assert_eq!(squash(&text), squash(&input), "{}", case.name);
+    }
+}
+
 /// Random texts built from tag fragments: never a panic, always well formed, and streamed in
 /// random pieces equal to parsed whole.
 #[test]
