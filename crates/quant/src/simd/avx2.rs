@@ -208,7 +208,8 @@ impl Type1 for BlockQ5_1 {
     }
 }
 
-/// Type-0 formats × Q8_0: per block `acc += (dx * dy) * isum` in 8 lanes, summed at the end.
+/// Type-0 formats × Q8_0: per block `acc += (dx * dy) * isum` in 8 lanes, even blocks into one
+/// accumulator and odd blocks into another (two FMA chains), summed at the end.
 #[inline(always)]
 pub(super) unsafe fn type0_tile<D: Idot, W: Type0, const N: usize>(
     x: &[W],
@@ -219,9 +220,13 @@ pub(super) unsafe fn type0_tile<D: Idot, W: Type0, const N: usize>(
     for r in a {
         assert_eq!(r.len(), nb);
     }
-    let mut acc = [_mm256_setzero_ps(); N];
-    for i in 0..nb {
-        let xb = &x[i];
+    #[inline(always)]
+    unsafe fn step<D: Idot, W: Type0, const N: usize>(
+        xb: &W,
+        a: &[&[BlockQ8_0]; N],
+        i: usize,
+        acc: &mut [__m256; N],
+    ) {
         let q = xb.unpack();
         let dx = xb.scale();
         for j in 0..N {
@@ -231,12 +236,22 @@ pub(super) unsafe fn type0_tile<D: Idot, W: Type0, const N: usize>(
             acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[j]);
         }
     }
+    let mut even = [_mm256_setzero_ps(); N];
+    let mut odd = [_mm256_setzero_ps(); N];
+    for p in 0..nb / 2 {
+        step::<D, W, N>(&x[2 * p], a, 2 * p, &mut even);
+        step::<D, W, N>(&x[2 * p + 1], a, 2 * p + 1, &mut odd);
+    }
+    if nb % 2 == 1 {
+        step::<D, W, N>(&x[nb - 1], a, nb - 1, &mut even);
+    }
     for j in 0..N {
-        out[j] = hsum_ps(acc[j]);
+        out[j] = hsum_ps(_mm256_add_ps(even[j], odd[j]));
     }
 }
 
-/// Type-1 formats × Q8_1: as type 0 plus `mx * sy` per block, kept in a scalar sum.
+/// Type-1 formats × Q8_1: as type 0 plus `mx * sy` per block, kept in scalar sums (even and odd
+/// blocks apart, like the vector accumulators).
 #[inline(always)]
 pub(super) unsafe fn type1_tile<D: Idot, W: Type1, const N: usize>(
     x: &[W],
@@ -247,10 +262,14 @@ pub(super) unsafe fn type1_tile<D: Idot, W: Type1, const N: usize>(
     for r in a {
         assert_eq!(r.len(), nb);
     }
-    let mut acc = [_mm256_setzero_ps(); N];
-    let mut summs = [0.0f32; N];
-    for i in 0..nb {
-        let xb = &x[i];
+    #[inline(always)]
+    unsafe fn step<D: Idot, W: Type1, const N: usize>(
+        xb: &W,
+        a: &[&[BlockQ8_1]; N],
+        i: usize,
+        acc: &mut [__m256; N],
+        summs: &mut [f32; N],
+    ) {
         let q = xb.unpack();
         let (dx, mx) = xb.dm();
         for j in 0..N {
@@ -261,8 +280,17 @@ pub(super) unsafe fn type1_tile<D: Idot, W: Type1, const N: usize>(
             summs[j] += mx * f16c(y.s);
         }
     }
+    let (mut even, mut odd) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
+    let (mut ms_even, mut ms_odd) = ([0.0f32; N], [0.0f32; N]);
+    for p in 0..nb / 2 {
+        step::<D, W, N>(&x[2 * p], a, 2 * p, &mut even, &mut ms_even);
+        step::<D, W, N>(&x[2 * p + 1], a, 2 * p + 1, &mut odd, &mut ms_odd);
+    }
+    if nb % 2 == 1 {
+        step::<D, W, N>(&x[nb - 1], a, nb - 1, &mut even, &mut ms_even);
+    }
     for j in 0..N {
-        out[j] = hsum_ps(acc[j]) + summs[j];
+        out[j] = hsum_ps(_mm256_add_ps(even[j], odd[j])) + (ms_even[j] + ms_odd[j]);
     }
 }
 
