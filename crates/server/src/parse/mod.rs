@@ -28,8 +28,9 @@
 //!   JSON before anything is promised to the client); a block that does not parse as
 //!   `{"name": string, "arguments": ..}` is released as answer text, tags included. An unterminated
 //!   block at the end of generation is emitted as a call if its text parses, else released as text.
-//! - Qwen3-Coder XML: the call starts as soon as `<function=NAME>` is read, each parameter is sent
-//!   when its value ends, typed by the tool's JSON schema when one is given. An unterminated call at
+//! - Qwen3-Coder XML: the call starts as soon as `<function=NAME>` is read; string values (by the
+//!   tool's JSON schema, or untyped) stream as they are written, other values are sent typed when
+//!   they end. An unterminated call at
 //!   the end of generation is closed with the parameters read so far (a value cut off is taken as
 //!   it is, as the reference parser's `$` alternative does). A `<tool_call>` not followed by
 //!   `<function=` is answer text.

@@ -9,8 +9,9 @@
 //! several calls.
 //!
 //! The opening `<tool_call>` + `<function=NAME>` is matched by the caller; this file takes over
-//! after it. Each parameter is sent as soon as its value ends, so the arguments stream as
-//! `{"p1":v1` `,"p2":v2` `}`.
+//! after it. The arguments stream as `{"p1":v1` `,"p2":v2` `}`: a typed value is sent when it
+//! ends; a string value is sent as it is written (`{"p1":"` `part` `part` `"`), holding back only
+//! a trailing newline and, at its start, text that could still be `null`.
 
 use std::collections::HashMap;
 
@@ -32,12 +33,25 @@ enum State {
     InFunction,
     /// Reading a parameter name that starts at `start` (after `<parameter=`).
     ParamName { start: usize },
-    /// Reading the value of `name`, which starts at `start`.
-    ParamValue { name: String, start: usize },
+    /// Reading the value of `name`, which starts at `start`; `stream` for string values.
+    ParamValue {
+        name: String,
+        start: usize,
+        stream: Option<StrStream>,
+    },
     /// After `</function>`: expecting `</tool_call>` or another `<function=`.
     AfterFunction,
     /// Reading a function name that starts at `start` (after `<function=`).
     FunctionName { start: usize },
+}
+
+/// Progress of a string value sent while it is being written.
+#[derive(Debug, Default)]
+struct StrStream {
+    /// `"name":"` was sent.
+    opened: bool,
+    /// Bytes of the body up to here were sent (escaped).
+    sent: usize,
 }
 
 /// One open `<tool_call>` block.
@@ -96,6 +110,7 @@ impl XmlCall {
         schemas: &HashMap<String, Value>,
         seed: u64,
     ) -> Outcome {
+        let schema = schemas.get(&self.name);
         self.body.push_str(piece);
         loop {
             let bytes = self.body.as_bytes();
@@ -152,9 +167,11 @@ impl XmlCall {
                     let name = self.body.get(start..end).unwrap_or("").trim().to_string();
                     self.scan = end + 1;
                     if matches!(self.state, State::ParamName { .. }) {
+                        let stream = is_string_param(&name, schema).then(StrStream::default);
                         self.state = State::ParamValue {
                             name,
                             start: end + 1,
+                            stream,
                         };
                     } else {
                         self.index = self.index.saturating_add(1);
@@ -171,6 +188,7 @@ impl XmlCall {
                 State::ParamValue { .. } => {
                     let Some(lt) = rest.iter().position(|&c| c == b'<') else {
                         self.scan = self.body.len();
+                        self.stream_value(out);
                         return Outcome::More;
                     };
                     let at = self.scan + lt;
@@ -178,6 +196,7 @@ impl XmlCall {
                     match match_any(tail, &[PARAM_CLOSE, PARAM_OPEN, FUNC_CLOSE, CALL_CLOSE]) {
                         (TagMatch::Partial, _) => {
                             self.scan = at;
+                            self.stream_value(out);
                             return Outcome::More;
                         }
                         (TagMatch::No, _) => self.scan = at + 1,
@@ -225,24 +244,85 @@ impl XmlCall {
         Outcome::Closed { rest_len }
     }
 
-    /// Emits the parameter whose value ends at byte `end`.
-    fn end_value(&mut self, end: usize, out: &mut Vec<Delta>, schemas: &HashMap<String, Value>) {
-        let State::ParamValue { name, start } = &self.state else {
+    /// Sends what is certain of a string value: all of it read so far (`scan` stops before a
+    /// possible tag) but a trailing newline, which is stripped if the value ends there. Nothing
+    /// is sent while the value could still be `null`, which is typed null.
+    fn stream_value(&mut self, out: &mut Vec<Delta>) {
+        let State::ParamValue {
+            name,
+            start,
+            stream: Some(st),
+        } = &mut self.state
+        else {
             return;
         };
-        let raw = self.body.get(*start..end).unwrap_or("");
-        let raw = raw.strip_prefix('\n').unwrap_or(raw);
-        let raw = raw.strip_suffix('\n').unwrap_or(raw);
-        let value = convert_value(raw, name, schemas.get(&self.name));
-        let mut fragment = String::from(if self.params == 0 { "{" } else { "," });
-        fragment.push_str(&Value::String(name.clone()).to_string());
-        fragment.push(':');
-        fragment.push_str(&value.to_string());
+        let Some(raw) = self.body.get(*start..self.scan) else {
+            return;
+        };
+        if raw.is_empty() {
+            // The first byte decides whether a leading newline is stripped.
+            return;
+        }
+        let from = *start + usize::from(raw.starts_with('\n'));
+        let end = self.scan - usize::from(self.scan > from && raw.ends_with('\n'));
+        let Some(text) = self.body.get(from..end) else {
+            return;
+        };
+        if !st.opened {
+            if text.len() <= 4 && "null".starts_with(&text.to_ascii_lowercase()) {
+                return;
+            }
+            let mut fragment = key_prefix(self.params, name);
+            fragment.push('"');
+            out.push(Delta::ToolCallArgs {
+                index: self.index,
+                fragment,
+            });
+            self.params += 1;
+            st.opened = true;
+            st.sent = from;
+        }
+        if let Some(text) = self.body.get(st.sent..end) {
+            if !text.is_empty() {
+                out.push(Delta::ToolCallArgs {
+                    index: self.index,
+                    fragment: escape_str(text),
+                });
+                st.sent = end;
+            }
+        }
+    }
+
+    /// Emits the parameter whose value ends at byte `end` (or its rest, if it was streamed).
+    fn end_value(&mut self, end: usize, out: &mut Vec<Delta>, schemas: &HashMap<String, Value>) {
+        let State::ParamValue {
+            name,
+            start,
+            stream,
+        } = &self.state
+        else {
+            return;
+        };
+        let (start, end) = strip_newlines(&self.body, *start, end);
+        let raw = self.body.get(start..end).unwrap_or("");
+        let fragment = match stream {
+            Some(st) if st.opened => {
+                let mut f = escape_str(self.body.get(st.sent.max(start)..end).unwrap_or(""));
+                f.push('"');
+                f
+            }
+            _ => {
+                let value = convert_value(raw, name, schemas.get(&self.name));
+                let mut f = key_prefix(self.params, name);
+                f.push_str(&value.to_string());
+                self.params += 1;
+                f
+            }
+        };
         out.push(Delta::ToolCallArgs {
             index: self.index,
             fragment,
         });
-        self.params += 1;
         self.state = State::InFunction;
     }
 
@@ -256,6 +336,65 @@ impl XmlCall {
     }
 }
 
+/// `{"name":` for the first parameter, `,"name":` after.
+fn key_prefix(params: usize, name: &str) -> String {
+    let mut f = String::from(if params == 0 { "{" } else { "," });
+    f.push_str(&Value::String(name.to_string()).to_string());
+    f.push(':');
+    f
+}
+
+/// The inside of a JSON string literal: escaping is per char, so pieces escaped one by one join
+/// into the escape of the whole.
+fn escape_str(s: &str) -> String {
+    let quoted = Value::String(s.to_string()).to_string();
+    quoted
+        .get(1..quoted.len().saturating_sub(1))
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The value's bounds without one leading and one trailing newline, as the reference parser.
+fn strip_newlines(body: &str, start: usize, end: usize) -> (usize, usize) {
+    let raw = body.get(start..end).unwrap_or("");
+    let s = start + usize::from(raw.starts_with('\n'));
+    let e = end - usize::from(end > s && raw.ends_with('\n'));
+    (s, e)
+}
+
+/// The schema's type for a parameter: `None` when the schema does not say (a string).
+fn param_type(param: &str, schema: Option<&Value>) -> Option<String> {
+    // The reference accepts `{"properties": {..}}` or the properties map itself.
+    let schema = schema?;
+    let props = schema.get("properties").unwrap_or(schema);
+    let p = props.as_object()?.get(param)?;
+    match p.get("type") {
+        Some(Value::String(t)) => Some(t.trim().to_ascii_lowercase()),
+        // `["integer", "null"]`: the first type that is not null.
+        Some(Value::Array(ts)) => Some(
+            ts.iter()
+                .filter_map(Value::as_str)
+                .find(|t| *t != "null")
+                .unwrap_or("string")
+                .trim()
+                .to_ascii_lowercase(),
+        ),
+        _ => None,
+    }
+}
+
+fn is_string_type(t: &str) -> bool {
+    matches!(t, "string" | "str" | "text" | "varchar" | "char" | "enum")
+}
+
+/// Whether a parameter's value is a JSON string whatever its text (so it can be streamed).
+fn is_string_param(param: &str, schema: Option<&Value>) -> bool {
+    match param_type(param, schema) {
+        None => true,
+        Some(t) => is_string_type(&t),
+    }
+}
+
 /// Types a parameter value by the tool's schema, as the reference `_convert_param_value`:
 /// `null` is null for any type; a parameter the schema does not list is a string; numbers,
 /// booleans, objects and arrays are parsed from the text and stay strings if that fails.
@@ -265,28 +404,11 @@ pub(super) fn convert_value(raw: &str, param: &str, schema: Option<&Value>) -> V
         return Value::Null;
     }
     let string = || Value::String(raw.to_string());
-    // The reference accepts `{"properties": {..}}` or the properties map itself.
-    let props = match schema {
-        Some(s) => s.get("properties").unwrap_or(s),
-        None => return string(),
-    };
-    let Some(p) = props.as_object().and_then(|m| m.get(param)) else {
+    let Some(ty) = param_type(param, schema) else {
         return string();
     };
-    let ty = match p.get("type") {
-        Some(Value::String(t)) => t.trim().to_ascii_lowercase(),
-        // `["integer", "null"]`: the first type that is not null.
-        Some(Value::Array(ts)) => ts
-            .iter()
-            .filter_map(Value::as_str)
-            .find(|t| *t != "null")
-            .unwrap_or("string")
-            .trim()
-            .to_ascii_lowercase(),
-        _ => "string".to_string(),
-    };
     let t = ty.as_str();
-    if matches!(t, "string" | "str" | "text" | "varchar" | "char" | "enum") {
+    if is_string_type(t) {
         return string();
     }
     let trimmed = raw.trim();

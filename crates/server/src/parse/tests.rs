@@ -173,10 +173,13 @@ fn corpus() -> Vec<Case> {
         Case {
             name: "coder xml values that do not fit their type stay strings",
             cfg: coder(),
-            input: "<tool_call>\n<function=run>\n<parameter=count>\nmany\n</parameter>\n<parameter=force>\nyes\n</parameter>\n<parameter=extra>\n7\n</parameter>\n</function>\n</tool_call>",
+            input: "<tool_call>\n<function=run>\n<parameter=count>\nmany\n</parameter>\n<parameter=force>\nyes\n</parameter>\n<parameter=extra>\n7\n</parameter>\n<parameter=command>\nNull\n</parameter>\n<parameter=note>\nnullify\n</parameter>\n<parameter=u>nu</parameter>\n<parameter=e></parameter>\n<parameter=n2>\n\n</parameter>\n</function>\n</tool_call>",
             content: "",
             reasoning: None,
-            calls: &[("run", r#"{"count":"many","force":"yes","extra":"7"}"#)],
+            calls: &[(
+                "run",
+                r#"{"count":"many","force":"yes","extra":"7","command":null,"note":"nullify","u":"nu","e":"","n2":""}"#,
+            )],
         },
         Case {
             name: "coder two calls, the second cut off in a value",
@@ -666,4 +669,31 @@ fn content_streams_without_delay() {
         p.push("<tool_call>"),
         vec![Delta::Content("<tool_call>".into())]
     );
+}
+
+#[test]
+fn coder_string_values_stream_as_written() {
+    let mut p = StreamParser::new(coder());
+    let args = |d: Vec<Delta>| -> Vec<String> {
+        d.into_iter()
+            .filter_map(|d| match d {
+                Delta::ToolCallArgs { fragment, .. } => Some(fragment),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(
+        args(p.push("<tool_call>\n<function=run>\n<parameter=command>\n")),
+        Vec::<String>::new()
+    );
+    // Could still be `null`: held.
+    assert_eq!(args(p.push("nu")), Vec::<String>::new());
+    assert_eq!(args(p.push("m")), vec!["{\"command\":\"", "num"]);
+    // The trailing newline waits: it is stripped if the value ends here.
+    assert_eq!(args(p.push(" \"q\"\n")), vec![" \\\"q\\\""]);
+    assert_eq!(args(p.push("x\n</para")), vec!["\\nx"]);
+    assert_eq!(args(p.push("meter>\n")), vec!["\""]);
+    assert_eq!(args(p.push("</function>")), vec!["}"]);
+    let rest = p.finish();
+    assert!(rest.is_empty(), "{rest:?}");
 }
