@@ -157,3 +157,67 @@ pub trait Backend: Send + Sync + 'static {
     /// Requests running or waiting.
     fn in_flight(&self) -> usize;
 }
+
+impl ModelInfo {
+    /// Describes a loaded model. `alias` defaults to `general.name`, else the file stem; the chat
+    /// template is `chat_template` (e.g. from `--chat-template`), else the file's.
+    pub fn describe(
+        model: &hearth_model::Model,
+        path: &std::path::Path,
+        n_ctx: usize,
+        parallel: usize,
+        alias: Option<String>,
+        chat_template: Option<String>,
+    ) -> ModelInfo {
+        let g = model.gguf();
+        let meta = g.metadata();
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        ModelInfo {
+            alias: alias
+                .or_else(|| meta.get_str("general.name").map(str::to_string))
+                .unwrap_or(stem),
+            arch: model.config.arch.name.to_string(),
+            n_ctx,
+            n_ctx_train: model.config.n_ctx_train,
+            parallel,
+            n_vocab: model.config.n_vocab,
+            n_params: g.tensors().iter().map(|t| t.n_elements).sum(),
+            file_size: g.bytes().len() as u64,
+            chat_template: chat_template
+                .or_else(|| meta.get_str("tokenizer.chat_template").map(str::to_string)),
+            quantization: meta
+                .get_u32("general.file_type")
+                .and_then(file_type_name)
+                .map(str::to_string),
+        }
+    }
+}
+
+/// llama.cpp's `llama_ftype` names.
+fn file_type_name(ft: u32) -> Option<&'static str> {
+    Some(match ft {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        25 => "IQ4_NL",
+        30 => "IQ4_XS",
+        32 => "BF16",
+        _ => return None,
+    })
+}

@@ -167,7 +167,7 @@ impl Model {
         s.acts.quantize(head.ty, &s.xn, n_out, d, d);
         matmul(pool, head, &s.acts, n_out, &mut s.logits, c.n_vocab);
         let logits = &s.logits[..n_out * c.n_vocab];
-        if let Some(tap) = tap.as_deref_mut() {
+        if let Some(tap) = tap {
             tap.tensor("result_output", None, logits, n_out, c.n_vocab);
         }
         Ok(logits)

@@ -44,8 +44,8 @@ fn run(
         for group in groups {
             let (mut tokens, mut pos, mut seq) = (vec![], vec![], vec![]);
             for &s in &group {
-                for p in start..(start + chunk).min(seqs[s].len()) {
-                    tokens.push(seqs[s][p]);
+                for (p, &t) in seqs[s].iter().enumerate().skip(start).take(chunk) {
+                    tokens.push(t);
                     pos.push(p);
                     seq.push(s);
                 }

@@ -1,0 +1,251 @@
+//! The continuous-batching scheduler: the same answers alone and among concurrent requests, with the
+//! prefix cache cold and hot; cancellation frees the sequence; limits are refused up front.
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hearth_engine::{
+    Backend, Event, FinishReason, ModelInfo, Request, SamplerConfig, Scheduler, SchedulerConfig,
+    SubmitError,
+};
+use hearth_model::{KvType, Model};
+use hearth_tokenizer::Tokenizer;
+
+fn start(parallel: usize, queue: usize) -> Arc<Scheduler> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/tiny-qwen3moe.q4_k_m.gguf");
+    let model = Model::open(&path).unwrap();
+    let tok = Arc::new(Tokenizer::from_gguf(model.gguf().metadata()).unwrap());
+    let info = ModelInfo {
+        alias: "tiny".into(),
+        arch: "qwen3moe".into(),
+        n_ctx: 256,
+        n_ctx_train: model.config.n_ctx_train,
+        parallel,
+        n_vocab: model.config.n_vocab,
+        n_params: 0,
+        file_size: 0,
+        chat_template: None,
+        quantization: None,
+    };
+    let cfg = SchedulerConfig {
+        parallel,
+        n_ctx: 256,
+        queue,
+        kv_type: KvType::F16,
+        threads: 2,
+        n_batch: 64,
+    };
+    Scheduler::start(Arc::new(model), tok, info, cfg)
+}
+
+fn request(prompt: &str, tok: &Tokenizer, max: usize, temperature: f32, seed: u64) -> Request {
+    Request {
+        prompt: tok.encode(prompt, false),
+        max_tokens: Some(max),
+        sampler: SamplerConfig {
+            temperature,
+            seed,
+            ..SamplerConfig::default()
+        },
+        stop: vec![],
+        logprobs: None,
+    }
+}
+
+/// Submits and returns a receiver of the request's events.
+fn submit(s: &Scheduler, r: Request) -> mpsc::Receiver<Event> {
+    let (tx, rx) = mpsc::channel();
+    s.submit(r, Box::new(move |e| tx.send(e).is_ok())).unwrap();
+    rx
+}
+
+fn collect(rx: mpsc::Receiver<Event>) -> (Vec<u32>, String, Event) {
+    let (mut ids, mut text) = (vec![], String::new());
+    loop {
+        match rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("events keep coming")
+        {
+            Event::Token { id, text: t, .. } => {
+                ids.push(id);
+                text.push_str(&t);
+            }
+            done @ Event::Done { .. } => {
+                if let Event::Done { text: t, .. } = &done {
+                    text.push_str(t);
+                }
+                return (ids, text, done);
+            }
+            Event::Error(e) => panic!("error: {e}"),
+        }
+    }
+}
+
+const PROMPTS: [&str; 6] = [
+    "Beautiful is better than ugly.",
+    "Explicit is better than implicit. Simple is better than complex.",
+    "Flat is better than nested.",
+    "Sparse is better than dense. Readability counts.",
+    "Special cases aren't special enough to break the rules.",
+    "Errors should never pass silently.",
+];
+
+#[test]
+fn concurrent_requests_answer_as_alone() {
+    let s = start(4, 64);
+    let tok = s.tokenizer().clone();
+    let alone: Vec<_> = PROMPTS
+        .iter()
+        .map(|p| collect(submit(&s, request(p, &tok, 24, 0.0, 1))).0)
+        .collect();
+    // Sampled requests too: the same seed gives the same tokens alone and under load.
+    let sampled_alone = collect(submit(&s, request(PROMPTS[0], &tok, 24, 0.9, 42))).0;
+    let rxs: Vec<_> = PROMPTS
+        .iter()
+        .map(|p| submit(&s, request(p, &tok, 24, 0.0, 1)))
+        .collect();
+    let sampled = submit(&s, request(PROMPTS[0], &tok, 24, 0.9, 42));
+    for (rx, want) in rxs.into_iter().zip(&alone) {
+        let (ids, _, done) = collect(rx);
+        assert_eq!(&ids, want);
+        assert!(
+            matches!(
+                done,
+                Event::Done {
+                    finish: FinishReason::Length,
+                    n_gen: 24,
+                    ..
+                }
+            ),
+            "{done:?}"
+        );
+    }
+    assert_eq!(collect(sampled).0, sampled_alone);
+    assert_eq!(s.in_flight(), 0);
+    let st = s.stats();
+    assert_eq!(st.active, 0);
+    assert!(st.generated_tokens >= 24 * 14);
+    assert!(st.expert_load.iter().sum::<u64>() > 0);
+}
+
+#[test]
+fn prefix_cache_hot_and_cold_agree() {
+    let s = start(2, 8);
+    let tok = s.tokenizer().clone();
+    let long = PROMPTS.join(" ");
+    let (cold, _, d1) = collect(submit(&s, request(&long, &tok, 16, 0.0, 1)));
+    let (hot, _, d2) = collect(submit(&s, request(&long, &tok, 16, 0.0, 1)));
+    assert_eq!(cold, hot);
+    let (
+        Event::Done { n_cached: c1, .. },
+        Event::Done {
+            n_cached: c2,
+            n_prompt,
+            ..
+        },
+    ) = (d1, d2)
+    else {
+        unreachable!()
+    };
+    assert_eq!(c1, 0);
+    assert_eq!(
+        c2,
+        n_prompt - 1,
+        "all but the last prompt token come from the cache"
+    );
+    // A continuation of the same conversation reuses the shared prefix.
+    let longer = format!("{long} And more.");
+    let (_, _, d3) = collect(submit(&s, request(&longer, &tok, 4, 0.0, 1)));
+    let Event::Done { n_cached, .. } = d3 else {
+        unreachable!()
+    };
+    assert!(n_cached >= c2 - 1, "{n_cached}");
+}
+
+#[test]
+fn a_gone_client_frees_its_sequence() {
+    let s = start(1, 8);
+    let tok = s.tokenizer().clone();
+    let (tx, rx) = mpsc::channel::<Event>();
+    let mut left = 3;
+    s.submit(
+        request(PROMPTS[0], &tok, 200, 0.0, 1),
+        Box::new(move |e| {
+            left -= 1;
+            tx.send(e).is_ok() && left > 0
+        }),
+    )
+    .unwrap();
+    drop(rx);
+    for _ in 0..100 {
+        if s.in_flight() == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(s.in_flight(), 0);
+    // The slot serves the next request.
+    let (ids, _, _) = collect(submit(&s, request(PROMPTS[1], &tok, 4, 0.0, 1)));
+    assert_eq!(ids.len(), 4);
+}
+
+#[test]
+fn limits_are_refused_up_front() {
+    let s = start(1, 1);
+    let tok = s.tokenizer().clone();
+    let huge = Request {
+        prompt: vec![1; 300],
+        ..request("x", &tok, 1, 0.0, 1)
+    };
+    assert_eq!(
+        s.submit(huge, Box::new(|_| true)).unwrap_err(),
+        SubmitError::PromptTooLong {
+            prompt: 300,
+            n_ctx: 256
+        }
+    );
+    let bad = Request {
+        prompt: vec![1, 99_999],
+        ..request("x", &tok, 1, 0.0, 1)
+    };
+    assert!(matches!(
+        s.submit(bad, Box::new(|_| true)),
+        Err(SubmitError::Invalid(_))
+    ));
+    let empty = Request {
+        prompt: vec![],
+        ..request("x", &tok, 1, 0.0, 1)
+    };
+    assert!(matches!(
+        s.submit(empty, Box::new(|_| true)),
+        Err(SubmitError::Invalid(_))
+    ));
+    // Generation that reaches the context end stops with `length`.
+    let near = Request {
+        prompt: vec![65; 250],
+        max_tokens: None,
+        ..request("x", &tok, 1, 0.0, 1)
+    };
+    let (ids, _, done) = collect(submit(&s, near));
+    assert!(
+        matches!(
+            done,
+            Event::Done {
+                finish: FinishReason::Length,
+                ..
+            }
+        ),
+        "{done:?}"
+    );
+    assert!(ids.len() <= 6);
+    s.shutdown();
+    assert_eq!(
+        s.submit(request("x", &tok, 1, 0.0, 1), Box::new(|_| true))
+            .unwrap_err(),
+        SubmitError::ShuttingDown
+    );
+    s.join();
+}
