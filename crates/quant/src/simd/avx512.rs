@@ -4,9 +4,10 @@
 //!   super-block takes 4 steps instead of 8;
 //! - the 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): the AVX2 kernels with VNNI's
 //!   `vpdpbusd` in place of `vpmaddubsw` + `vpmaddwd` (one instruction, no i16 saturation);
-//! - F32, F16, BF16: 16 lanes per load, four FMA chains.
+//! - F32, BF16: 16 lanes per load, four FMA chains.
 //!
-//! Other types return `false` and run the AVX2 kernel. As at every level, each kernel is a tile
+//! Other types return `false` and run the AVX2 kernel: F16 among them, because the 512-bit
+//! `vcvtph2ps` version measured slower than AVX2 here (benches/dot_min.rs: 34 vs 49 GB/s). As at every level, each kernel is a tile
 //! whose per-activation reduction order does not depend on the tile size.
 
 use std::arch::x86_64::*;
@@ -257,13 +258,6 @@ impl FloatRow512 for super::avx2::F32Row {
     }
 }
 
-impl FloatRow512 for super::avx2::F16Row {
-    #[inline(always)]
-    unsafe fn load16(p: *const u8) -> __m512 {
-        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
-    }
-}
-
 impl FloatRow512 for super::avx2::Bf16Row {
     #[inline(always)]
     unsafe fn load16(p: *const u8) -> __m512 {
@@ -316,11 +310,6 @@ unsafe fn f32s<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f3
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn f16s<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f32; N]) {
-    float_tile::<super::avx2::F16Row, N>(n, w, a, out)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn bf16s<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f32; N]) {
     float_tile::<super::avx2::Bf16Row, N>(n, w, a, out)
 }
@@ -349,7 +338,6 @@ pub(super) unsafe fn tile(
         Q5_K => by_n!(q5_k, blocks(w), BlockQ8K, acts, out),
         Q6_K => by_n!(q6_k, blocks(w), BlockQ8K, acts, out),
         F32 => by_n_float!(f32s, n, w, acts, out),
-        F16 => by_n_float!(f16s, n, w, acts, out),
         BF16 => by_n_float!(bf16s, n, w, acts, out),
         _ => return false,
     }
