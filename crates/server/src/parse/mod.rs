@@ -20,7 +20,8 @@
 //!   released as content and cannot be recalled. A server whose rendered prompt ends inside an
 //!   opened `<think>` (see [`prompt_opens_reasoning`]) sets `starts_in_reasoning`, which is the
 //!   case llama.cpp's "text before `</think>` is reasoning" rule exists for.
-//! - An unterminated `<think>` at the end of generation: everything after it is reasoning.
+//! - An unterminated `<think>` at the end of generation: everything after it is reasoning. When the
+//!   prompt opened the block and the model writes `<think>` again first, the repeat is dropped.
 //! - Tool calls are recognised in the answer, never inside reasoning. Whitespace right before a
 //!   `<tool_call>`, between calls and after the last call at the end of the output is dropped, so
 //!   the answer text does not end in the blank lines that separate the blocks.
@@ -437,13 +438,25 @@ impl StreamParser {
                 i += 1;
                 text_start = i;
             } else if b == b'<' {
-                match scan::match_tag(&bytes[i..], THINK_CLOSE) {
-                    TagMatch::Full => {
+                // Before any reasoning text, a repeated `<think>` (the prompt opened the block
+                // and the model wrote it again) is dropped.
+                let at_start = !seen_text && text_start == i;
+                let tags: &[&'static str] = if at_start {
+                    &[THINK_CLOSE, THINK_OPEN]
+                } else {
+                    &[THINK_CLOSE]
+                };
+                match scan::match_any(&bytes[i..], tags) {
+                    (TagMatch::Full, THINK_OPEN) => {
+                        i += THINK_OPEN.len();
+                        text_start = i;
+                    }
+                    (TagMatch::Full, _) => {
                         closed = true;
                         break;
                     }
-                    TagMatch::Partial => break,
-                    TagMatch::No => i += 1,
+                    (TagMatch::Partial, _) => break,
+                    (TagMatch::No, _) => i += 1,
                 }
             } else {
                 i += 1;

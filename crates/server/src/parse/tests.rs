@@ -85,6 +85,14 @@ fn corpus() -> Vec<Case> {
             calls: &[],
         },
         Case {
+            name: "think opened by the prompt and repeated by the model",
+            cfg: cfg(ToolFormat::Qwen3Json, true, true),
+            input: "\n<think>\nfirst <think> stays\n</think>\n\nok",
+            content: "ok",
+            reasoning: Some("first <think> stays"),
+            calls: &[],
+        },
+        Case {
             name: "empty think block written by the model",
             cfg: qwen3(),
             input: "<think>\n\n</think>\n\nHi",
@@ -399,7 +407,8 @@ fn no_text_lost_without_tools() {
         let opened = case.cfg.reasoning
             && (case.cfg.starts_in_reasoning || input.trim_start().starts_with(THINK_OPEN));
         if opened {
-            if !case.cfg.starts_in_reasoning {
+            // The opening tag, or its repeat when the prompt opened the block, is dropped.
+            if input.trim_start().starts_with(THINK_OPEN) {
                 input = input.replacen(THINK_OPEN, "", 1);
             }
             input = input.replacen(THINK_CLOSE, "", 1);
