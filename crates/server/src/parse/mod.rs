@@ -25,16 +25,19 @@
 //! - Tool calls are recognised in the answer, never inside reasoning. Whitespace right before a
 //!   `<tool_call>`, between calls and after the last call at the end of the output is dropped, so
 //!   the answer text does not end in the blank lines that separate the blocks.
-//! - Qwen3 JSON: a call is emitted whole when its `</tool_call>` arrives (the block must be valid
-//!   JSON before anything is promised to the client); a block that does not parse as
-//!   `{"name": string, "arguments": ..}` is released as answer text, tags included. An unterminated
-//!   block at the end of generation is emitted as a call if its text parses, else released as text.
+//! - Qwen3 JSON: a call is emitted whole (start, arguments, end) when its `</tool_call>` arrives:
+//!   the block must be valid JSON before anything is promised to the client. A block that does not
+//!   parse as `{"name": string, "arguments": object}` is released as answer text, tags included,
+//!   unless it holds a later `<tool_call>` whose text does parse (the model restarted the call).
+//!   An unterminated block at the end of generation (even cut inside `</tool_call>`) is emitted as
+//!   a call if its text parses, else released as text.
 //! - Qwen3-Coder XML: the call starts as soon as `<function=NAME>` is read; string values (by the
 //!   tool's JSON schema, or untyped) stream as they are written, other values are sent typed when
-//!   they end. An unterminated call at
-//!   the end of generation is closed with the parameters read so far (a value cut off is taken as
-//!   it is, as the reference parser's `$` alternative does). A `<tool_call>` not followed by
-//!   `<function=` is answer text.
+//!   they end. An unterminated call at the end of generation is closed with the parameters read
+//!   so far (a value cut off is taken as it is, as the reference parser's `$` alternative does).
+//!   A `<tool_call>` not followed by `<function=` is answer text; a bare `<function=` without
+//!   `<tool_call>` is not recognised.
+//! - Arguments are compact JSON (`{"city":"Paris"}`), keys in the order written.
 //!
 //! The parser never panics and does work linear in the length of the output.
 
