@@ -474,7 +474,19 @@ fn no_text_lost_with_json_calls() {
 #[test]
 fn fuzz_streamed_equals_whole() {
     const FRAGS: &[&str] = &[
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": \"a<b\"}}\n</tool_call>",
+        "<tool_call>\n<function=run>\n<parameter=command>\nls\n</parameter>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=f>\n",
+        "<tool_call>\n{\"name\": \"g\"",
+        "<think>\nhm\n</think>\n\n",
         "<",
+        "<parameter=s>",
+        "Nu",
+        "ll",
+        "\n</parameter>",
+        "<function=run>",
+        "<parameter=count>",
+        "\\",
         ">",
         "\n",
         " ",
@@ -511,7 +523,8 @@ fn fuzz_streamed_equals_whole() {
         cfg(ToolFormat::Qwen3CoderXml, false, false),
     ];
     let mut rng = Rng(7);
-    for round in 0..3000 {
+    let (mut with_calls, mut with_reasoning) = (0, 0);
+    for round in 0..6000 {
         let n = 1 + rng.below(30);
         let text: String = (0..n).map(|_| FRAGS[rng.below(FRAGS.len())]).collect();
         let c = &configs[round % configs.len()];
@@ -522,6 +535,8 @@ fn fuzz_streamed_equals_whole() {
         let pieces = cut_at(&text, &cuts);
         let (got, deltas) = stream(c, &pieces);
         assert_eq!(got, whole, "text {text:?} pieces {pieces:?} cfg {c:?}");
+        with_calls += usize::from(!whole.tool_calls.is_empty());
+        with_reasoning += usize::from(whole.reasoning.is_some());
         check_well_formed(&text, &deltas);
         let chars: Vec<String> = text.chars().map(String::from).collect();
         let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
@@ -531,6 +546,12 @@ fn fuzz_streamed_equals_whole() {
             "char by char: {text:?} cfg {c:?}"
         );
     }
+    // The alphabet must reach the interesting paths, not only plain text.
+    assert!(with_calls > 300, "{with_calls} rounds with tool calls");
+    assert!(
+        with_reasoning > 300,
+        "{with_reasoning} rounds with reasoning"
+    );
 }
 
 /// Feeds `text` in `step`-byte pieces, checking the held-back buffer stays small, within `limit`.
