@@ -21,6 +21,8 @@ enum Command {
     Chat(cmd::chat::Args),
     /// Serve the model over OpenAI, Anthropic and Ollama HTTP APIs.
     Serve(cmd::serve::Args),
+    /// Measure prefill and decode speed as llama-bench does.
+    Bench(cmd::bench::Args),
     /// Print the parity report (top logits, greedy continuation) for prompt lines read on stdin.
     Logits(cmd::logits::Args),
     /// Measure perplexity on a text file, as llama-perplexity does.
@@ -39,6 +41,7 @@ fn main() {
         Command::Run(args) => cmd::run::run(args),
         Command::Chat(args) => cmd::chat::run(args),
         Command::Serve(args) => cmd::serve::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
         Command::Logits(args) => cmd::logits::run(args),
         Command::Perplexity(args) => cmd::perplexity::run(args),
         Command::Trace(args) => cmd::trace::run(args),
