@@ -12,9 +12,7 @@ use std::arch::x86_64::*;
 
 use crate::block::{cast_blocks, Block};
 use crate::iq4::{BlockIQ4NL, BlockIQ4XS, KVALUES_IQ4NL};
-use crate::k_quants::{
-    q3k_scales, scale_min_k4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K,
-};
+use crate::k_quants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use crate::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 use crate::GgmlType;
 
@@ -297,6 +295,27 @@ pub(super) unsafe fn type1_tile<D: Idot, W: Type1, const N: usize>(
 // ---------------------------------------------------------------------------------------------
 // K-quants × Q8_K.
 
+/// The eight 6-bit scales and mins of a Q4_K / Q5_K block (as `k_quants::scale_min_k4` for
+/// j = 0..8), unpacked with 32-bit masks as ggml's `utmp` dance.
+#[inline(always)]
+pub(super) fn k4_scales_mins(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let u0 = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+    let u1 = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
+    let u2 = u32::from_le_bytes([q[8], q[9], q[10], q[11]]);
+    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    let sc_lo = u0 & m6;
+    let sc_hi = (u2 & m4) | (((u0 >> 6) & m2) << 4);
+    let mn_lo = u1 & m6;
+    let mn_hi = ((u2 >> 4) & m4) | (((u1 >> 6) & m2) << 4);
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    sc[..4].copy_from_slice(&sc_lo.to_le_bytes());
+    sc[4..].copy_from_slice(&sc_hi.to_le_bytes());
+    mn[..4].copy_from_slice(&mn_lo.to_le_bytes());
+    mn[4..].copy_from_slice(&mn_hi.to_le_bytes());
+    (sc, mn)
+}
+
 /// Q4_K: per 64 elements, low nibbles × scale 2j and high nibbles × scale 2j+1; mins through bsums.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k<const N: usize>(
@@ -313,11 +332,7 @@ pub(super) unsafe fn q4_k<const N: usize>(
     let mut acc_m = [_mm_setzero_ps(); N];
     for i in 0..nb {
         let xb = &x[i];
-        let mut sc = [0u8; 8];
-        let mut mn = [0u8; 8];
-        for k in 0..8 {
-            (sc[k], mn[k]) = scale_min_k4(k, &xb.scales);
-        }
+        let (sc, mn) = k4_scales_mins(&xb.scales);
         let dx = f16c(xb.d);
         let dminx = f16c(xb.dmin);
         let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr().cast()));
@@ -371,11 +386,7 @@ pub(super) unsafe fn q5_k<const N: usize>(
     let mut acc_m = [_mm_setzero_ps(); N];
     for i in 0..nb {
         let xb = &x[i];
-        let mut sc = [0u8; 8];
-        let mut mn = [0u8; 8];
-        for k in 0..8 {
-            (sc[k], mn[k]) = scale_min_k4(k, &xb.scales);
-        }
+        let (sc, mn) = k4_scales_mins(&xb.scales);
         let dx = f16c(xb.d);
         let dminx = f16c(xb.dmin);
         let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr().cast()));
@@ -530,6 +541,23 @@ pub(super) unsafe fn q2_k<const N: usize>(
     }
 }
 
+/// The sixteen Q3_K scales minus 32 as i8 (as `k_quants::q3k_scales`), unpacked with 32-bit masks
+/// instead of a loop: word k holds scales 4k..4k+4 (low nibbles from bytes 0..8, two high bits
+/// each from bytes 8..12).
+#[inline(always)]
+unsafe fn q3k_scales_simd(s: &[u8; 12]) -> __m128i {
+    let a0 = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+    let a1 = u32::from_le_bytes([s[4], s[5], s[6], s[7]]);
+    let t = u32::from_le_bytes([s[8], s[9], s[10], s[11]]);
+    let (m2, m4) = (0x0303_0303u32, 0x0f0f_0f0fu32);
+    let u0 = (a0 & m4) | ((t & m2) << 4);
+    let u1 = (a1 & m4) | (((t >> 2) & m2) << 4);
+    let u2 = ((a0 >> 4) & m4) | (((t >> 4) & m2) << 4);
+    let u3 = ((a1 >> 4) & m4) | (((t >> 6) & m2) << 4);
+    let v = _mm_set_epi32(u3 as i32, u2 as i32, u1 as i32, u0 as i32);
+    _mm_sub_epi8(v, _mm_set1_epi8(32))
+}
+
 /// Q3_K: 3-bit quants as `(low2 | hbit << 2) - 4`, 6-bit signed scales per 16.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q3_k<const N: usize>(
@@ -547,8 +575,7 @@ pub(super) unsafe fn q3_k<const N: usize>(
     let mut acc = [_mm256_setzero_ps(); N];
     for i in 0..nb {
         let xb = &x[i];
-        let sc = q3k_scales(&xb.scales);
-        let scales = _mm_loadu_si128(sc.as_ptr().cast());
+        let scales = q3k_scales_simd(&xb.scales);
         let hmask = load256(&xb.hmask);
         let mut sumi = [_mm256_setzero_si256(); N];
         for h in 0..2 {

@@ -13,10 +13,11 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{
-    blocks, f16c, hsum_ps, hsum_ps128, type0_tile, type1_tile, FloatRow, Idot, Type0, Type1,
+    blocks, f16c, hsum_ps, hsum_ps128, k4_scales_mins, type0_tile, type1_tile, FloatRow, Idot,
+    Type0, Type1,
 };
 use crate::iq4::BlockIQ4NL;
-use crate::k_quants::{scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+use crate::k_quants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use crate::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 use crate::GgmlType;
 
@@ -123,11 +124,7 @@ unsafe fn k45_tile<W: K45, const N: usize>(x: &[W], a: &[&[BlockQ8K]; N], out: &
     let mut acc_m = [_mm_setzero_ps(); N];
     for i in 0..nb {
         let xb = &x[i];
-        let mut sc = [0u8; 8];
-        let mut mn = [0u8; 8];
-        for k in 0..8 {
-            (sc[k], mn[k]) = scale_min_k4(k, xb.scales12());
-        }
+        let (sc, mn) = k4_scales_mins(xb.scales12());
         let (dx, dminx) = xb.d_dmin();
         let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr().cast()));
         for j in 0..N {
