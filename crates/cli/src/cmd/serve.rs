@@ -1,0 +1,268 @@
+//! `hearth serve`: load a model and serve it over the OpenAI, Anthropic and Ollama HTTP APIs.
+//!
+//! The socket is bound first, so `/health` answers `{"status": "loading"}` (503) while the model
+//! loads, then `{"status": "ok"}`. SIGTERM or Ctrl-C stops accepting connections and requests, lets
+//! replies in flight finish within `--grace` seconds, and exits 0.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use hearth_engine::scheduler::{Scheduler, SchedulerConfig};
+use hearth_engine::{Backend, ModelInfo};
+use hearth_server::{AppState, ServerConfig};
+use hearth_tokenizer::template::ChatTemplate;
+
+use super::common::ModelArgs;
+
+/// Arguments of `hearth serve`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Sequences decoded together (also the most `n` choices of one request).
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Requests that may wait for a free sequence; more are answered 503 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Largest request body in bytes (larger: 413).
+    #[arg(long, default_value_t = 16 << 20)]
+    max_body: usize,
+    /// Require this API key (as `Authorization: Bearer KEY` or `x-api-key: KEY`).
+    #[arg(long, conflicts_with = "api_key_file")]
+    api_key: Option<String>,
+    /// Read the API key from this file (first line).
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// Model name shown to clients (default: the file's general.name, else its stem).
+    #[arg(long)]
+    alias: Option<String>,
+    /// Use this Jinja chat template instead of the model's.
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
+    /// Seconds replies in flight may take to finish after SIGTERM / Ctrl-C.
+    #[arg(long, default_value_t = 30)]
+    grace: u64,
+    /// Testing: play this file's text for every request instead of running the model.
+    #[arg(long, hide = true)]
+    scripted: Option<PathBuf>,
+}
+
+/// `general.file_type` as llama.cpp spells it.
+fn quantization(ftype: u32) -> Option<&'static str> {
+    Some(match ftype {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        25 => "IQ4_NL",
+        32 => "BF16",
+        _ => return None,
+    })
+}
+
+impl Args {
+    fn api_key(&self) -> Result<Option<String>> {
+        if let Some(k) = &self.api_key {
+            anyhow::ensure!(!k.is_empty(), "--api-key must not be empty");
+            return Ok(Some(k.clone()));
+        }
+        if let Some(f) = &self.api_key_file {
+            let s = std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read {}", f.display()))?;
+            let k = s.lines().next().unwrap_or("").trim().to_string();
+            anyhow::ensure!(!k.is_empty(), "{} holds no key", f.display());
+            return Ok(Some(k));
+        }
+        Ok(None)
+    }
+
+    /// Loads the model (or the scripted stand-in) and starts the backend.
+    fn backend(&self) -> Result<(Arc<dyn Backend>, ChatTemplate)> {
+        anyhow::ensure!(self.parallel >= 1, "--parallel must be at least 1");
+        let path = &self.model.model;
+        if let Some(script) = &self.scripted {
+            let text = std::fs::read_to_string(script)
+                .with_context(|| format!("cannot read {}", script.display()))?;
+            let n_ctx = self.model.ctx.unwrap_or(4096);
+            let (b, tpl) = hearth_server::scripted::ScriptedBackend::from_gguf(
+                path,
+                n_ctx,
+                self.parallel,
+                hearth_server::scripted::Script::new(&text),
+            )
+            .with_context(|| format!("cannot open {}", path.display()))?;
+            let template = self.template(tpl.as_deref())?;
+            return Ok((Arc::new(b), template));
+        }
+        let loaded = self.model.load()?;
+        let meta = loaded.model.gguf().metadata();
+        let src = meta.get_str("tokenizer.chat_template").map(str::to_string);
+        let template = self.template(src.as_deref())?;
+        let alias = self
+            .alias
+            .clone()
+            .or_else(|| meta.get_str("general.name").map(str::to_string))
+            .unwrap_or_else(|| {
+                path.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "model".into())
+            });
+        let info = ModelInfo {
+            alias,
+            arch: meta
+                .get_str("general.architecture")
+                .unwrap_or("unknown")
+                .to_string(),
+            n_ctx: loaded.n_ctx,
+            n_ctx_train: loaded.model.config.n_ctx_train,
+            parallel: self.parallel,
+            n_vocab: loaded.tokenizer.vocab_size(),
+            n_params: loaded
+                .model
+                .gguf()
+                .tensors()
+                .iter()
+                .map(|t| t.n_elements)
+                .sum(),
+            file_size: std::fs::metadata(path).map_or(0, |m| m.len()),
+            chat_template: Some(template.source().to_string()),
+            quantization: meta
+                .get_u32("general.file_type")
+                .and_then(quantization)
+                .map(str::to_string),
+        };
+        let cfg = SchedulerConfig {
+            parallel: self.parallel,
+            n_ctx: loaded.n_ctx,
+            queue: self.queue,
+            kv_type: loaded.kv_type,
+            threads: self.model.n_threads()?,
+            ..SchedulerConfig::default()
+        };
+        let backend = Scheduler::start(
+            Arc::new(loaded.model),
+            Arc::new(loaded.tokenizer),
+            info,
+            cfg,
+        );
+        Ok((backend, template))
+    }
+
+    fn template(&self, from_file: Option<&str>) -> Result<ChatTemplate> {
+        if let Some(f) = &self.chat_template {
+            return ChatTemplate::from_path(f)
+                .with_context(|| format!("chat template {}", f.display()));
+        }
+        match from_file {
+            Some(src) => ChatTemplate::new(src).context("the model's chat template"),
+            None => {
+                tracing::warn!("the model has no chat template; using ChatML");
+                Ok(ChatTemplate::chatml())
+            }
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// Runs `hearth serve`.
+pub fn run(args: Args) -> Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let config = ServerConfig {
+        api_key: args.api_key()?,
+        max_body: args.max_body,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        let state = AppState::loading(config);
+        let app = hearth_server::app(state.clone());
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut stop_rx2 = stop_rx.clone();
+        let server = tokio::spawn(async move {
+            let mut rx = stop_rx;
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                })
+                .await
+        });
+        eprintln!("hearth: listening on http://{local} (loading the model)");
+        let loaded = tokio::task::spawn_blocking(move || args.backend().map(|b| (b, args.grace)));
+        let (backend, grace) = tokio::select! {
+            r = loaded => {
+                let ((backend, template), grace) = r.context("model loading panicked")??;
+                state.set_backend(backend.clone(), template);
+                (Some(backend), grace)
+            }
+            _ = shutdown_signal() => (None, 0),
+        };
+        if let Some(b) = &backend {
+            tracing::info!(model = %b.info().alias, n_ctx = b.info().n_ctx, parallel = b.info().parallel, "ready on http://{local}");
+            eprintln!("hearth: ready on http://{local}");
+            shutdown_signal().await;
+            tracing::info!("shutting down: finishing replies in flight (up to {grace} s)");
+            b.shutdown();
+        }
+        let _ = stop_tx.send(true);
+        let _ = stop_rx2.changed().await;
+        match tokio::time::timeout(Duration::from_secs(grace), server).await {
+            Ok(r) => r.context("server task")?.context("server")?,
+            Err(_) => tracing::warn!("grace period over; exiting with replies still in flight"),
+        }
+        anyhow::Ok(())
+    })?;
+    // Do not wait for blocking threads (the engine) at runtime drop.
+    Ok(())
+}

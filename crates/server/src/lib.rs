@@ -1,0 +1,126 @@
+//! Hearth's HTTP server: the OpenAI, Anthropic and Ollama APIs (plus llama-server's utility
+//! endpoints) over any [`hearth_engine::Backend`].
+//!
+//! Layout:
+//! - [`app`] builds the [`axum::Router`] from an [`AppState`]; `main` only binds a socket, so tests
+//!   drive the whole HTTP stack in memory with `app(state).oneshot(request)`.
+//! - [`error::ApiError`] is the one error type; it renders itself in the error shape of the API the
+//!   request came through (OpenAI `{"error": {..}}`, Anthropic `{"type": "error", ..}`, Ollama
+//!   `{"error": ".."}`).
+//! - [`gen`] is what every generating endpoint shares: chat prompts through the template, sampling
+//!   parameters and their validation, submitting to the backend and bridging its sink to tokio.
+//! - [`openai`], [`anthropic`], [`ollama`] and [`util`] hold each API's wire types and handlers;
+//!   the reply text goes through [`parse::StreamParser`] (reasoning and tool calls) the same way
+//!   streamed or not.
+//! - [`metrics`] counts requests for `/metrics`; [`scripted`] is a backend that plays fixed text,
+//!   for tests of the reasoning and tool-call paths that a random-weight model never takes.
+
+#![deny(missing_docs)]
+
+pub mod anthropic;
+pub mod error;
+pub mod gen;
+pub mod metrics;
+pub mod ollama;
+pub mod openai;
+pub mod parse;
+pub mod scripted;
+pub mod state;
+pub mod util;
+
+pub use error::{Api, ApiError};
+pub use state::{AppState, ServerConfig};
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+
+/// Builds the router with every endpoint, authentication, the body limit and request metrics.
+pub fn app(state: AppState) -> Router {
+    let max_body = state.config().max_body;
+    Router::new()
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
+        .route("/completions", post(openai::completions))
+        .route("/v1/models", get(openai::models))
+        .route("/models", get(openai::models))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/show", post(ollama::show))
+        .route("/api/version", get(ollama::version))
+        .route("/api/ps", get(ollama::ps))
+        .route("/", get(ollama::root).head(ollama::root_head))
+        .route("/tokenize", post(util::tokenize))
+        .route("/detokenize", post(util::detokenize))
+        .route("/health", get(util::health))
+        .route("/metrics", get(util::metrics))
+        .fallback(util::not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(state.clone(), count))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+/// Which API's error shape a path answers in.
+pub fn api_of(path: &str) -> Api {
+    if path.starts_with("/v1/messages") {
+        Api::Anthropic
+    } else if path.starts_with("/api/") || path == "/" {
+        Api::Ollama
+    } else {
+        Api::OpenAi
+    }
+}
+
+/// Checks the API key (Bearer or `x-api-key`) on every path but `/health`.
+async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = state.config().api_key.as_deref() {
+        let path = req.uri().path();
+        if path != "/health" {
+            let headers = req.headers();
+            let given = headers
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| {
+                    v.strip_prefix("Bearer ")
+                        .or_else(|| v.strip_prefix("bearer "))
+                })
+                .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
+            let ok = given.is_some_and(|g| keys_equal(g.trim().as_bytes(), key.as_bytes()));
+            if !ok {
+                let msg = if given.is_some() {
+                    "invalid API key"
+                } else {
+                    "missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
+                };
+                return ApiError::unauthorized(api_of(path), msg).into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+/// Constant-time comparison: the time taken does not depend on where the first difference is.
+/// (The length of the key is not secret.)
+fn keys_equal(a: &[u8], b: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    a.len() == b.len() && bool::from(a.ct_eq(b))
+}
+
+/// Counts each answered request by endpoint (the route, not the raw path) and status.
+async fn count(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let endpoint = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "other".to_string());
+    let resp = next.run(req).await;
+    state.metrics().request(&endpoint, resp.status().as_u16());
+    resp
+}

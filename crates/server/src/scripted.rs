@@ -1,0 +1,312 @@
+//! A [`Backend`] that plays fixed text instead of running a model, so tests drive the reasoning and
+//! tool-call paths (which random-weight models never take) through the real HTTP stack.
+//!
+//! The text is cut into pieces — at token boundaries of the real tokenizer, every `n` characters,
+//! or at given byte offsets (so a test can try every cut position) — and each piece is one
+//! [`Event::Token`]. `max_tokens` cuts the pieces (finish `Length`), stop strings cut the text
+//! (finish `Stop`), a sink returning false stops the stream (the request is cancelled), and the
+//! prompt is checked as the real scheduler checks it (empty, ids outside the vocabulary, longer
+//! than the context).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hearth_engine::{
+    Backend, Event, FinishReason, ModelInfo, Request, Sink, Stats, SubmitError, TokenLogprob,
+};
+use hearth_tokenizer::Tokenizer;
+
+/// Where the scripted text is cut into token events.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cuts {
+    /// At the tokenizer's token boundaries.
+    Tokens,
+    /// Every `n` characters.
+    Chars(usize),
+    /// At these byte offsets (each must be a char boundary; others are skipped).
+    At(Vec<usize>),
+}
+
+/// What the backend says to every request.
+#[derive(Clone, Debug)]
+pub struct Script {
+    /// The full reply text.
+    pub text: String,
+    /// How it is cut into events.
+    pub cuts: Cuts,
+    /// Why it ends when neither `max_tokens` nor a stop string cut it first.
+    pub finish: FinishReason,
+    /// Pause between events (to keep streams open in concurrency tests).
+    pub delay: Duration,
+}
+
+impl Script {
+    /// `text` cut at token boundaries, ending with `Stop`, no delay.
+    pub fn new(text: &str) -> Script {
+        Script {
+            text: text.to_string(),
+            cuts: Cuts::Tokens,
+            finish: FinishReason::Stop,
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+/// The scripted backend.
+pub struct ScriptedBackend {
+    info: ModelInfo,
+    tok: Arc<Tokenizer>,
+    script: Mutex<Script>,
+    /// Refuse submissions as if the queue were full.
+    queue_full: AtomicBool,
+    shut: AtomicBool,
+    in_flight: Arc<AtomicUsize>,
+    prompt_tokens: Arc<AtomicU64>,
+    generated: Arc<AtomicU64>,
+}
+
+/// Errors building a scripted backend.
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptedError {
+    /// The GGUF file could not be opened.
+    #[error(transparent)]
+    Gguf(#[from] hearth_gguf::GgufError),
+    /// Its tokenizer could not be built.
+    #[error(transparent)]
+    Tokenizer(#[from] hearth_tokenizer::TokenizerError),
+}
+
+impl ScriptedBackend {
+    /// A backend with `tok` and `info` that answers `script`.
+    pub fn new(tok: Arc<Tokenizer>, info: ModelInfo, script: Script) -> ScriptedBackend {
+        ScriptedBackend {
+            info,
+            tok,
+            script: Mutex::new(script),
+            queue_full: AtomicBool::new(false),
+            shut: AtomicBool::new(false),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            prompt_tokens: Arc::new(AtomicU64::new(0)),
+            generated: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// A backend with the tokenizer and metadata of a GGUF file (its chat template is returned for
+    /// the caller to compile), `n_ctx` tokens per sequence and `parallel` sequences.
+    pub fn from_gguf(
+        path: &Path,
+        n_ctx: usize,
+        parallel: usize,
+        script: Script,
+    ) -> Result<(ScriptedBackend, Option<String>), ScriptedError> {
+        let g = hearth_gguf::Gguf::open(path)?;
+        let meta = g.metadata();
+        let tok = Tokenizer::from_gguf(meta)?;
+        let template = meta.get_str("tokenizer.chat_template").map(str::to_string);
+        let arch = meta
+            .get_str("general.architecture")
+            .unwrap_or("unknown")
+            .to_string();
+        let alias = meta
+            .get_str("general.name")
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                path.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            });
+        let info = ModelInfo {
+            alias,
+            arch,
+            n_ctx,
+            n_ctx_train: n_ctx,
+            parallel,
+            n_vocab: tok.vocab_size(),
+            n_params: 0,
+            file_size: std::fs::metadata(path).map_or(0, |m| m.len()),
+            chat_template: template.clone(),
+            quantization: None,
+        };
+        Ok((ScriptedBackend::new(Arc::new(tok), info, script), template))
+    }
+
+    /// Replaces the script for later requests.
+    pub fn set_script(&self, script: Script) {
+        if let Ok(mut s) = self.script.lock() {
+            *s = script;
+        }
+    }
+
+    /// Makes submissions fail with `QueueFull` (or succeed again).
+    pub fn set_queue_full(&self, full: bool) {
+        self.queue_full.store(full, Ordering::SeqCst);
+    }
+
+    /// The pieces `text` is cut into.
+    pub fn pieces(&self, text: &str, cuts: &Cuts) -> Vec<String> {
+        let mut bounds: Vec<usize> = match cuts {
+            Cuts::Tokens => {
+                let mut b = Vec::new();
+                let mut at = 0;
+                for id in self.tok.encode(text, false) {
+                    at += self.tok.token_to_piece(id, false).len();
+                    b.push(at);
+                }
+                b
+            }
+            Cuts::Chars(n) => text
+                .char_indices()
+                .map(|(i, _)| i)
+                .enumerate()
+                .filter(|(k, _)| *k > 0 && k % (*n).max(1) == 0)
+                .map(|(_, i)| i)
+                .collect(),
+            Cuts::At(v) => v.clone(),
+        };
+        bounds.push(text.len());
+        bounds.sort_unstable();
+        bounds.dedup();
+        let mut out = Vec::new();
+        let mut prev = 0;
+        for b in bounds {
+            if b > prev && b <= text.len() && text.is_char_boundary(b) {
+                out.push(text[prev..b].to_string());
+                prev = b;
+            }
+        }
+        out
+    }
+}
+
+impl Backend for ScriptedBackend {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tok
+    }
+
+    fn submit(&self, request: Request, mut sink: Sink) -> Result<(), SubmitError> {
+        if self.shut.load(Ordering::SeqCst) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        if self.queue_full.load(Ordering::SeqCst) {
+            return Err(SubmitError::QueueFull { queued: 64 });
+        }
+        if request.prompt.is_empty() {
+            return Err(SubmitError::Invalid("the prompt is empty".into()));
+        }
+        if let Some(&bad) = request
+            .prompt
+            .iter()
+            .find(|&&id| id as usize >= self.info.n_vocab)
+        {
+            return Err(SubmitError::Invalid(format!(
+                "token id {bad} is outside the vocabulary"
+            )));
+        }
+        if request.prompt.len() >= self.info.n_ctx {
+            return Err(SubmitError::PromptTooLong {
+                prompt: request.prompt.len(),
+                n_ctx: self.info.n_ctx,
+            });
+        }
+        let script = self
+            .script
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_else(|e| e.into_inner().clone());
+        // Stop strings cut the text at the earliest match; max_tokens cuts the pieces.
+        let mut text = script.text.clone();
+        let mut finish = script.finish;
+        if let Some(cut) = request
+            .stop
+            .iter()
+            .filter_map(|s| text.find(s.as_str()))
+            .min()
+        {
+            text.truncate(cut);
+            finish = FinishReason::Stop;
+        }
+        let mut pieces = self.pieces(&text, &script.cuts);
+        let room = self.info.n_ctx - request.prompt.len();
+        let budget = request.max_tokens.unwrap_or(usize::MAX).min(room);
+        if pieces.len() > budget {
+            pieces.truncate(budget);
+            finish = FinishReason::Length;
+        }
+        let n_prompt = request.prompt.len();
+        let tok = self.tok.clone();
+        let in_flight = self.in_flight.clone();
+        let generated = self.generated.clone();
+        self.prompt_tokens
+            .fetch_add(n_prompt as u64, Ordering::Relaxed);
+        in_flight.fetch_add(1, Ordering::SeqCst);
+        let logprobs = request.logprobs;
+        std::thread::spawn(move || {
+            let mut n_gen = 0;
+            let mut alive = true;
+            for p in &pieces {
+                if !script.delay.is_zero() {
+                    std::thread::sleep(script.delay);
+                }
+                let id = tok.encode(p, false).first().copied().unwrap_or(0);
+                let logprob = logprobs.map(|k| TokenLogprob {
+                    logprob: -0.25,
+                    top: (0..k)
+                        .map(|j| {
+                            (
+                                id.wrapping_add(j as u32),
+                                if j == 0 { p.clone() } else { format!("alt{j}") },
+                                -0.25 - j as f32,
+                            )
+                        })
+                        .collect(),
+                });
+                n_gen += 1;
+                generated.fetch_add(1, Ordering::Relaxed);
+                if !sink(Event::Token {
+                    id,
+                    text: p.clone(),
+                    logprob,
+                }) {
+                    alive = false;
+                    break;
+                }
+            }
+            if alive {
+                sink(Event::Done {
+                    finish,
+                    text: String::new(),
+                    n_prompt,
+                    n_cached: 0,
+                    n_gen,
+                });
+            }
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+        });
+        Ok(())
+    }
+
+    fn stats(&self) -> Stats {
+        let active = self.in_flight.load(Ordering::SeqCst);
+        Stats {
+            prompt_tokens: self.prompt_tokens.load(Ordering::Relaxed),
+            generated_tokens: self.generated.load(Ordering::Relaxed),
+            active,
+            kv_capacity: self.info.n_ctx * self.info.parallel,
+            ..Stats::default()
+        }
+    }
+
+    fn shutdown(&self) {
+        self.shut.store(true, Ordering::SeqCst);
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+}
