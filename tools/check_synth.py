@@ -73,9 +73,12 @@ def expected_type(p, quant, name, layer, n_layer, cols, ndim):
 
 
 def expected_tensors(p, n_layer, n_vocab):
-    """name -> (shape in ggml order, fan_in or None for norms, std)."""
+    """name -> (shape in ggml order, std or None for norms). Projections into the residual stream
+    (attn_output, ffn_down) carry GPT-2's extra 1/sqrt(2 n_layer)."""
     d, qd, kd = p["d"], p["heads"] * p["hd"], p["kv"] * p["hd"]
-    t = {"token_embd.weight": ([d, n_vocab], 1.0), "output_norm.weight": ([d], None)}
+    rs = 1 / math.sqrt(2 * n_layer)
+    # Tied embeddings double as the LM head: std 1/sqrt(d) like every matrix; otherwise unit rows.
+    t = {"token_embd.weight": ([d, n_vocab], 1 / math.sqrt(d) if p["tied"] else 1.0), "output_norm.weight": ([d], None)}
     if not p["tied"]:
         t["output.weight"] = ([d, n_vocab], 1 / math.sqrt(d))
     for l in range(n_layer):
@@ -84,7 +87,7 @@ def expected_tensors(p, n_layer, n_vocab):
         t[b + "attn_q.weight"] = ([d, qd], 1 / math.sqrt(d))
         t[b + "attn_k.weight"] = ([d, kd], 1 / math.sqrt(d))
         t[b + "attn_v.weight"] = ([d, kd], 1 / math.sqrt(d))
-        t[b + "attn_output.weight"] = ([qd, d], 1 / math.sqrt(qd))
+        t[b + "attn_output.weight"] = ([qd, d], rs / math.sqrt(qd))
         t[b + "attn_q_norm.weight"] = ([p["hd"]], None)
         t[b + "attn_k_norm.weight"] = ([p["hd"]], None)
         t[b + "ffn_norm.weight"] = ([d], None)
@@ -93,12 +96,12 @@ def expected_tensors(p, n_layer, n_vocab):
             t[b + "ffn_gate_inp.weight"] = ([d, n], 1 / math.sqrt(d))
             t[b + "ffn_gate_exps.weight"] = ([d, ff, n], 1 / math.sqrt(d))
             t[b + "ffn_up_exps.weight"] = ([d, ff, n], 1 / math.sqrt(d))
-            t[b + "ffn_down_exps.weight"] = ([ff, d, n], 1 / math.sqrt(ff))
+            t[b + "ffn_down_exps.weight"] = ([ff, d, n], rs / math.sqrt(ff))
         else:
             ff = p["ff"]
             t[b + "ffn_gate.weight"] = ([d, ff], 1 / math.sqrt(d))
             t[b + "ffn_up.weight"] = ([d, ff], 1 / math.sqrt(d))
-            t[b + "ffn_down.weight"] = ([ff, d], 1 / math.sqrt(ff))
+            t[b + "ffn_down.weight"] = ([ff, d], rs / math.sqrt(ff))
     return t
 
 

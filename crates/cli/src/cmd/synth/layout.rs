@@ -178,18 +178,26 @@ pub fn plan(p: &Preset, n_layer: usize, n_vocab: usize, q: Quant) -> Vec<TensorS
             });
         };
     let fan_in = |n: usize| Init::Normal(1.0 / (n as f32).sqrt());
-    // Embedding rows of unit variance, so the first attn_norm sees the scale later layers add.
-    let embd_role = if p.tied {
-        Role::Output
+    let rs = if std::env::var_os("NORES").is_some() {
+        1.0
     } else {
-        Role::TokenEmbd
+        1.0 / ((2 * n_layer) as f32).sqrt()
+    };
+    let residual = |n: usize| Init::Normal(rs / (n as f32).sqrt());
+    // Embedding rows of unit variance, the scale later layers add to the residual stream. Tied
+    // embeddings are also the LM head, a matrix like any other (std 1/sqrt(fan_in)): at unit variance
+    // every token's logit for itself would dwarf the rest (~n_embd against ~sqrt(n_embd)).
+    let (embd_role, embd_init) = if p.tied {
+        (Role::Output, fan_in(d))
+    } else {
+        (Role::TokenEmbd, Init::Normal(1.0))
     };
     push(
         "token_embd.weight".into(),
         vec![d, n_vocab],
         Some(embd_role),
         0,
-        Init::Normal(1.0),
+        embd_init,
     );
     push("output_norm.weight".into(), vec![d], None, 0, Init::Norm);
     if !p.tied {
@@ -230,7 +238,7 @@ pub fn plan(p: &Preset, n_layer: usize, n_vocab: usize, q: Quant) -> Vec<TensorS
             vec![qd, d],
             Some(Role::AttnOutput),
             l,
-            fan_in(qd),
+            residual(qd),
         );
         push(
             b("attn_q_norm.weight"),
@@ -275,7 +283,7 @@ pub fn plan(p: &Preset, n_layer: usize, n_vocab: usize, q: Quant) -> Vec<TensorS
                     vec![e.ff, d, e.count],
                     Some(Role::FfnDown),
                     l,
-                    fan_in(e.ff),
+                    residual(e.ff),
                 );
             }
             None => {
@@ -298,7 +306,7 @@ pub fn plan(p: &Preset, n_layer: usize, n_vocab: usize, q: Quant) -> Vec<TensorS
                     vec![p.n_ff, d],
                     Some(Role::FfnDown),
                     l,
-                    fan_in(p.n_ff),
+                    residual(p.n_ff),
                 );
             }
         }
