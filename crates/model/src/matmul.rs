@@ -5,7 +5,7 @@
 //! `vec_dot` of a weight row with an activation row. Rows are split across threads, never the
 //! reduction: an element's value does not depend on the thread count, the batch or the tiling.
 
-use hearth_quant::{quantize_row, vec_dot, vec_dot_type, GgmlType};
+use hearth_quant::{quantize_row, vec_dot_rows, vec_dot_type, GgmlType};
 
 use crate::threads::{SharedMut, ThreadPool};
 use crate::weights::Weight;
@@ -90,6 +90,9 @@ pub struct Group {
 /// Output rows computed per task: enough to amortise a task, small enough to balance the threads.
 const ROWS_PER_TASK: usize = 16;
 
+/// Activation rows per pass over a weight row.
+const TILE: usize = 8;
+
 /// For every group and every entry `i` of it, and every weight row `r`:
 /// `out[out_rows[i]][r] = w[mat].row(r) · acts[act_rows[i]]` (a missing list is the identity).
 /// `out` has row stride `out_stride`.
@@ -114,15 +117,27 @@ pub fn matmul_gather(
         let g = &groups[task / chunks];
         let r0 = (task % chunks) * ROWS_PER_TASK;
         let r1 = (r0 + ROWS_PER_TASK).min(w.rows);
+        let mut refs: [&[u8]; TILE] = [&[]; TILE];
+        let mut outs: [u32; TILE] = [0; TILE];
+        let mut vals = [0f32; TILE];
         for r in r0..r1 {
             let wrow = w.row(g.mat, r);
-            for idx in g.start..g.start + g.n {
-                let a = act_rows.map_or(idx, |rows| rows[idx] as usize);
-                let o = out_rows.map_or(idx, |rows| rows[idx] as usize);
-                let at = o * out_stride + r;
-                assert!(at < out_len);
-                // SAFETY: each (output row, weight row) pair is written by exactly one task.
-                unsafe { *out_ptr.ptr().add(at) = vec_dot(w.ty, w.cols, wrow, acts.row(a)) };
+            // Several activation rows per pass over the weight row; each result is bit-identical
+            // to the single-row product, so the tile size never changes a value.
+            for start in (g.start..g.start + g.n).step_by(TILE) {
+                let k = (g.start + g.n - start).min(TILE);
+                for j in 0..k {
+                    let idx = start + j;
+                    refs[j] = acts.row(act_rows.map_or(idx, |rows| rows[idx] as usize));
+                    outs[j] = out_rows.map_or(idx, |rows| rows[idx] as usize) as u32;
+                }
+                vec_dot_rows(w.ty, w.cols, wrow, &refs[..k], &mut vals[..k]);
+                for j in 0..k {
+                    let at = outs[j] as usize * out_stride + r;
+                    assert!(at < out_len);
+                    // SAFETY: each (output row, weight row) pair is written by exactly one task.
+                    unsafe { *out_ptr.ptr().add(at) = vals[j] };
+                }
             }
         }
     });
