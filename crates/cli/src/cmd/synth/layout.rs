@@ -127,7 +127,7 @@ fn tensor_type(
     let q4km = q == Quant::Q4KM;
     match role {
         Role::Output => {
-            if cols % ty.block_size() > 0 {
+            if cols % ty.block_size() != 0 {
                 ty = GgmlType::Q8_0;
             } else if ty != GgmlType::Q8_0 {
                 ty = GgmlType::Q6_K;
@@ -146,14 +146,14 @@ fn tensor_type(
         Role::AttnOutput if eight_experts && q4km => ty = GgmlType::Q5_K,
         _ => {}
     }
-    if cols % ty.block_size() > 0 {
+    if cols % ty.block_size() != 0 {
         ty = match ty {
             GgmlType::Q4_K => GgmlType::Q5_0,
             GgmlType::Q5_K => GgmlType::Q5_1,
             GgmlType::Q6_K => GgmlType::Q8_0,
             other => other,
         };
-        if cols % ty.block_size() > 0 {
+        if cols % ty.block_size() != 0 {
             ty = GgmlType::F16;
         }
     }
