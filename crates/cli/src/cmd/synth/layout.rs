@@ -108,6 +108,8 @@ enum Role {
     Router,
 }
 
+// `usize::is_multiple_of` is newer than the workspace's rust-version (1.80).
+#[allow(clippy::manual_is_multiple_of)]
 fn tensor_type(
     p: &Preset,
     q: Quant,
