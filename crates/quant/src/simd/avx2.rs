@@ -65,9 +65,16 @@ pub(super) unsafe fn hsum_ps128(s: __m128) -> f32 {
 /// feature check on every call).
 #[inline(always)]
 pub(super) unsafe fn f16c(b: [u8; 2]) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(
-        _mm_cvtsi32_si128(u16::from_le_bytes(b) as i32),
-    ))
+    // Broadcast rather than `_mm_cvtsi32_si128`: LLVM lowers the latter to a `vpinsrw` into
+    // whatever register is free, often an accumulator, which chains every block's conversion to
+    // the previous block's FMA.
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(b))))
+}
+
+/// A little-endian f16 widened into all 8 lanes.
+#[inline(always)]
+unsafe fn f16x8(b: [u8; 2]) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(b)))
 }
 
 #[inline(always)]
@@ -119,8 +126,8 @@ unsafe fn scale_pair(sc: __m128i, p: usize) -> __m256i {
 pub(super) trait Type0: Block {
     /// The 32 quants as i8, in element order.
     unsafe fn unpack(&self) -> __m256i;
-    /// The block scale.
-    unsafe fn scale(&self) -> f32;
+    /// The block scale's f16 bits.
+    fn scale_bits(&self) -> [u8; 2];
 }
 
 impl Type0 for BlockQ4_0 {
@@ -129,8 +136,8 @@ impl Type0 for BlockQ4_0 {
         _mm256_sub_epi8(nibbles(&self.qs), _mm256_set1_epi8(8))
     }
     #[inline(always)]
-    unsafe fn scale(&self) -> f32 {
-        f16c(self.d)
+    fn scale_bits(&self) -> [u8; 2] {
+        self.d
     }
 }
 
@@ -142,8 +149,8 @@ impl Type0 for BlockQ5_0 {
         _mm256_or_si256(nibbles(&self.qs), hi)
     }
     #[inline(always)]
-    unsafe fn scale(&self) -> f32 {
-        f16c(self.d)
+    fn scale_bits(&self) -> [u8; 2] {
+        self.d
     }
 }
 
@@ -153,8 +160,8 @@ impl Type0 for BlockQ8_0 {
         load256i(&self.qs)
     }
     #[inline(always)]
-    unsafe fn scale(&self) -> f32 {
-        f16c(self.d)
+    fn scale_bits(&self) -> [u8; 2] {
+        self.d
     }
 }
 
@@ -164,8 +171,8 @@ impl Type0 for BlockIQ4NL {
         _mm256_shuffle_epi8(iq4_table(), nibbles(&self.qs))
     }
     #[inline(always)]
-    unsafe fn scale(&self) -> f32 {
-        f16c(self.d)
+    fn scale_bits(&self) -> [u8; 2] {
+        self.d
     }
 }
 
@@ -226,11 +233,11 @@ pub(super) unsafe fn type0_tile<D: Idot, W: Type0, const N: usize>(
         acc: &mut [__m256; N],
     ) {
         let q = xb.unpack();
-        let dx = xb.scale();
+        let dx = f16x8(xb.scale_bits());
         for j in 0..N {
             let y = &a[j][i];
             let isum = D::dot_i8(q, load256i(&y.qs));
-            let d = _mm256_set1_ps(dx * f16c(y.d));
+            let d = _mm256_mul_ps(dx, f16x8(y.d));
             acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[j]);
         }
     }
@@ -248,8 +255,9 @@ pub(super) unsafe fn type0_tile<D: Idot, W: Type0, const N: usize>(
     }
 }
 
-/// Type-1 formats × Q8_1: as type 0 plus `mx * sy` per block, kept in scalar sums (even and odd
-/// blocks apart, like the vector accumulators).
+/// Type-1 formats × Q8_1: as type 0 plus `mx * sy` per block. The activation's `d` and `s` are
+/// widened together (one `vcvtph2ps`) and multiplied by `[dx, mx]`; lane 1 of a 4-lane sum
+/// collects the `mx * sy` terms. Even and odd blocks use separate accumulators.
 #[inline(always)]
 pub(super) unsafe fn type1_tile<D: Idot, W: Type1, const N: usize>(
     x: &[W],
@@ -266,20 +274,23 @@ pub(super) unsafe fn type1_tile<D: Idot, W: Type1, const N: usize>(
         a: &[&[BlockQ8_1]; N],
         i: usize,
         acc: &mut [__m256; N],
-        summs: &mut [f32; N],
+        summs: &mut [__m128; N],
     ) {
         let q = xb.unpack();
         let (dx, mx) = xb.dm();
+        let dm = _mm_setr_ps(dx, mx, 0.0, 0.0);
         for j in 0..N {
             let y = &a[j][i];
             let isum = D::dot_u8(q, load256i(&y.qs));
-            let d = _mm256_set1_ps(dx * f16c(y.d));
-            acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[j]);
-            summs[j] += mx * f16c(y.s);
+            let ds = i32::from_le_bytes([y.d[0], y.d[1], y.s[0], y.s[1]]);
+            // [dx * dy, mx * sy, 0, 0]
+            let p = _mm_mul_ps(dm, _mm_cvtph_ps(_mm_set1_epi32(ds)));
+            acc[j] = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), _mm256_cvtepi32_ps(isum), acc[j]);
+            summs[j] = _mm_add_ps(summs[j], p);
         }
     }
     let (mut even, mut odd) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
-    let (mut ms_even, mut ms_odd) = ([0.0f32; N], [0.0f32; N]);
+    let (mut ms_even, mut ms_odd) = ([_mm_setzero_ps(); N], [_mm_setzero_ps(); N]);
     for p in 0..nb / 2 {
         step::<D, W, N>(&x[2 * p], a, 2 * p, &mut even, &mut ms_even);
         step::<D, W, N>(&x[2 * p + 1], a, 2 * p + 1, &mut odd, &mut ms_odd);
@@ -288,7 +299,9 @@ pub(super) unsafe fn type1_tile<D: Idot, W: Type1, const N: usize>(
         step::<D, W, N>(&x[nb - 1], a, nb - 1, &mut even, &mut ms_even);
     }
     for j in 0..N {
-        out[j] = hsum_ps(_mm256_add_ps(even[j], odd[j])) + (ms_even[j] + ms_odd[j]);
+        let ms = _mm_add_ps(ms_even[j], ms_odd[j]);
+        let summs = _mm_cvtss_f32(_mm_movehdup_ps(ms));
+        out[j] = hsum_ps(_mm256_add_ps(even[j], odd[j])) + summs;
     }
 }
 
