@@ -107,6 +107,20 @@ impl Config {
             }
         };
         let head_dim_v = opt_usize("attention.value_length")?.unwrap_or(head_dim);
+        for (k, d) in [
+            ("attention.key_length", head_dim),
+            ("attention.value_length", head_dim_v),
+        ] {
+            if d > crate::forward::MAX_HEAD_DIM {
+                return Err(ModelError::Hyperparameter {
+                    key: key(k),
+                    detail: Some(format!(
+                        "head dimension {d} is larger than the {} supported",
+                        crate::forward::MAX_HEAD_DIM
+                    )),
+                });
+            }
+        }
         let n_ff = match arch.ffn {
             FfnKind::Dense => req_usize("feed_forward_length")?,
             FfnKind::Moe => opt_usize("feed_forward_length")?.unwrap_or(0),

@@ -6,10 +6,12 @@
 //! routed FFN computes each (token, expert) pair independently of how tokens are grouped.
 
 use half::f16;
-use hearth_quant::{dequantize_row, vec_dot_type};
+use hearth_quant::{dequantize_row, vec_dot, vec_dot_type, GgmlType};
+
+use crate::attn_kernels::{axpy_f16, axpy_f32};
 
 use crate::error::ModelError;
-use crate::kv_cache::{KvCache, KvType, Rows};
+use crate::kv_cache::{KvCache, Rows};
 use crate::matmul::{matmul, matmul_gather, Group, QuantActs};
 use crate::model::Model;
 use crate::ops::{add_assign, rms_norm, rms_norm_into, softmax, swiglu};
@@ -506,7 +508,8 @@ fn emit(
 }
 
 /// Causal grouped-query attention of every batch row over its own sequence's cache, one task per
-/// (token, head), with an online softmax over positions `0..=pos` in order.
+/// (token, head), with an online softmax over positions `0..=pos` in order. As llama.cpp's flash
+/// attention, Q is converted to the cache's type for the K·Q products.
 fn attend(
     pool: &ThreadPool,
     c: &crate::config::Config,
@@ -519,7 +522,6 @@ fn attend(
     let (hd, hdv, qd, kd, vd) = (c.head_dim, c.head_dim_v, c.q_dim(), c.k_dim(), c.v_dim());
     let group = c.n_head / c.n_head_kv;
     let scale = 1.0 / (hd as f32).sqrt();
-    let round_q = kv.ty() == KvType::F16;
     let q = &s.q;
     let od = c.n_head * hdv;
     let out = SharedMut::new(&mut s.attn[..n * od]);
@@ -527,24 +529,35 @@ fn attend(
         let (t, h) = (task / c.n_head, task % c.n_head);
         let kvh = h / group;
         let len = b.pos[t] + 1;
-        let mut qh = [0f32; 512];
-        let qh = &mut qh[..hd];
-        qh.copy_from_slice(&q[t * qd + h * hd..t * qd + (h + 1) * hd]);
-        if round_q {
-            // llama.cpp converts Q to the cache's type before the K·Q products.
-            qh.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
-        }
+        let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+        // Q in the cache's element type, as bytes for `vec_dot`: [hd] f16 or f32.
+        let mut q_buf = [0u8; 4 * MAX_HEAD_DIM];
+        let keys = kv.keys(b.seq[t], l, len);
+        let (q_ty, q_bytes) = match keys {
+            Rows::F16(_) => {
+                for (i, x) in qh.iter().enumerate() {
+                    q_buf[2 * i..2 * i + 2].copy_from_slice(&f16::from_f32(*x).to_le_bytes());
+                }
+                (GgmlType::F16, &q_buf[..2 * hd])
+            }
+            Rows::F32(_) => {
+                for (i, x) in qh.iter().enumerate() {
+                    q_buf[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes());
+                }
+                (GgmlType::F32, &q_buf[..4 * hd])
+            }
+        };
         // SAFETY: each (token, head) output slice is written by exactly one task.
         let o = unsafe { out.slice(t * od + h * hdv, hdv) };
         o.fill(0.0);
         let (mut mx, mut sum) = (f32::NEG_INFINITY, 0f32);
-        let keys = kv.keys(b.seq[t], l, len);
         let vals = kv.values(b.seq[t], l, len);
         for j in 0..len {
-            let score = match &keys {
-                Rows::F16(k) => dot_f16(qh, &k[j * kd + kvh * hd..j * kd + (kvh + 1) * hd]),
-                Rows::F32(k) => dot_f32(qh, &k[j * kd + kvh * hd..j * kd + (kvh + 1) * hd]),
-            } * scale;
+            let k_bytes = match &keys {
+                Rows::F16(k) => f16_bytes(&k[j * kd + kvh * hd..j * kd + (kvh + 1) * hd]),
+                Rows::F32(k) => f32_bytes(&k[j * kd + kvh * hd..j * kd + (kvh + 1) * hd]),
+            };
+            let score = vec_dot(q_ty, hd, k_bytes, q_bytes) * scale;
             let (ms, vs) = if score > mx {
                 let ms = (mx - score).exp();
                 mx = score;
@@ -557,14 +570,8 @@ fn attend(
             }
             sum = sum * ms + vs;
             match &vals {
-                Rows::F16(v) => {
-                    let v = &v[j * vd + kvh * hdv..j * vd + (kvh + 1) * hdv];
-                    o.iter_mut().zip(v).for_each(|(x, v)| *x += v.to_f32() * vs);
-                }
-                Rows::F32(v) => {
-                    let v = &v[j * vd + kvh * hdv..j * vd + (kvh + 1) * hdv];
-                    o.iter_mut().zip(v).for_each(|(x, v)| *x += v * vs);
-                }
+                Rows::F16(v) => axpy_f16(o, vs, &v[j * vd + kvh * hdv..j * vd + (kvh + 1) * hdv]),
+                Rows::F32(v) => axpy_f32(o, vs, &v[j * vd + kvh * hdv..j * vd + (kvh + 1) * hdv]),
             }
         }
         let inv = 1.0 / sum;
@@ -572,10 +579,15 @@ fn attend(
     });
 }
 
-fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum()
+/// Largest head dimension the attention buffers hold.
+pub(crate) const MAX_HEAD_DIM: usize = 512;
+
+fn f16_bytes(x: &[f16]) -> &[u8] {
+    // SAFETY: f16 is two plain bytes; the view has the same lifetime and length in bytes.
+    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 2) }
 }
 
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+fn f32_bytes(x: &[f32]) -> &[u8] {
+    // SAFETY: f32 is four plain bytes; the view has the same lifetime and length in bytes.
+    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) }
 }

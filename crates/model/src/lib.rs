@@ -13,6 +13,7 @@
 #![deny(missing_docs)]
 
 pub mod arch;
+mod attn_kernels;
 mod config;
 mod error;
 mod forward;
