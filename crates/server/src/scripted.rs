@@ -144,17 +144,20 @@ impl ScriptedBackend {
         self.queue_full.store(full, Ordering::SeqCst);
     }
 
-    /// The pieces `text` is cut into.
-    pub fn pieces(&self, text: &str, cuts: &Cuts) -> Vec<String> {
+    /// The pieces `text` is cut into, each with a token id: the token's own id when cut at
+    /// token boundaries, else the first token of the piece.
+    pub fn pieces(&self, text: &str, cuts: &Cuts) -> Vec<(u32, String)> {
         let mut bounds: Vec<usize> = match cuts {
             Cuts::Tokens => {
-                let mut b = Vec::new();
-                let mut at = 0;
-                for id in self.tok.encode(text, false) {
-                    at += self.tok.token_to_piece(id, false).len();
-                    b.push(at);
-                }
-                b
+                return self
+                    .tok
+                    .encode(text, false)
+                    .into_iter()
+                    .map(|id| {
+                        let piece = self.tok.token_to_piece(id, false);
+                        (id, String::from_utf8_lossy(piece).into_owned())
+                    })
+                    .collect()
             }
             Cuts::Chars(n) => text
                 .char_indices()
@@ -172,7 +175,9 @@ impl ScriptedBackend {
         let mut prev = 0;
         for b in bounds {
             if b > prev && b <= text.len() && text.is_char_boundary(b) {
-                out.push(text[prev..b].to_string());
+                let piece = &text[prev..b];
+                let id = self.tok.encode(piece, false).first().copied().unwrap_or(0);
+                out.push((id, piece.to_string()));
                 prev = b;
             }
         }
@@ -219,19 +224,33 @@ impl Backend for ScriptedBackend {
             .lock()
             .map(|s| s.clone())
             .unwrap_or_else(|e| e.into_inner().clone());
-        // Stop strings cut the text at the earliest match; max_tokens cuts the pieces.
-        let mut text = script.text.clone();
-        let mut finish = script.finish;
-        if let Some(cut) = request
+        // As the engine does: a stop string ends the reply at its earliest match, and the tokens
+        // that spell it are still generated (their text held back), so the reply's token ids
+        // decode to the text plus the stop string. max_tokens cuts the tokens.
+        let text = script.text.as_str();
+        let stop_at = request
             .stop
             .iter()
-            .filter_map(|s| text.find(s.as_str()))
-            .min()
-        {
-            text.truncate(cut);
-            finish = FinishReason::Stop;
+            .filter_map(|s| text.find(s.as_str()).map(|p| (p, p + s.len())))
+            .min();
+        let mut pieces: Vec<(u32, String)> = Vec::new();
+        let mut at = 0;
+        let mut finish = script.finish;
+        for (id, piece) in self.pieces(text, &script.cuts) {
+            let end = at + piece.len();
+            match stop_at {
+                Some((s, e)) if end > s => {
+                    let keep = text.get(at.min(s)..s).unwrap_or("").to_string();
+                    pieces.push((id, keep));
+                    if end >= e {
+                        finish = FinishReason::Stop;
+                        break;
+                    }
+                }
+                _ => pieces.push((id, piece)),
+            }
+            at = end;
         }
-        let mut pieces = self.pieces(&text, &script.cuts);
         let room = self.info.n_ctx - request.prompt.len();
         let budget = request.max_tokens.unwrap_or(usize::MAX).min(room);
         if pieces.len() > budget {
@@ -239,7 +258,6 @@ impl Backend for ScriptedBackend {
             finish = FinishReason::Length;
         }
         let n_prompt = request.prompt.len();
-        let tok = self.tok.clone();
         let in_flight = self.in_flight.clone();
         let generated = self.generated.clone();
         self.prompt_tokens
@@ -249,11 +267,11 @@ impl Backend for ScriptedBackend {
         std::thread::spawn(move || {
             let mut n_gen = 0;
             let mut alive = true;
-            for p in &pieces {
+            for (id, p) in &pieces {
+                let id = *id;
                 if !script.delay.is_zero() {
                     std::thread::sleep(script.delay);
                 }
-                let id = tok.encode(p, false).first().copied().unwrap_or(0);
                 let logprob = logprobs.map(|k| TokenLogprob {
                     logprob: -0.25,
                     top: (0..k)
@@ -277,6 +295,9 @@ impl Backend for ScriptedBackend {
                     break;
                 }
             }
+            // The sequence is freed before the reply ends, as in the engine, so a client that
+            // reads /metrics after its reply sees it gone.
+            in_flight.fetch_sub(1, Ordering::SeqCst);
             if alive {
                 sink(Event::Done {
                     finish,
@@ -286,7 +307,6 @@ impl Backend for ScriptedBackend {
                     n_gen,
                 });
             }
-            in_flight.fetch_sub(1, Ordering::SeqCst);
         });
         Ok(())
     }

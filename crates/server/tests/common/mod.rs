@@ -62,7 +62,7 @@ pub fn setup_with(script: Script, tpl: Tpl, config: ServerConfig, n_ctx: usize) 
 }
 
 pub fn setup(text: &str, tpl: Tpl) -> Setup {
-    setup_with(Script::new(text), tpl, ServerConfig::default(), 512)
+    setup_with(Script::new(text), tpl, ServerConfig::default(), 4096)
 }
 
 pub struct Reply {
