@@ -3,14 +3,24 @@
 //!
 //! `cargo bench -p hearth-quant --bench dot_min [-- TYPE...]`. Shapes as benches/dot.rs: `decode`
 //! is 256 rows x 4096 columns against one activation row; `tile8` against 8 rows with
-//! `vec_dot_tile_at`, counting each weight byte once (per-token rate = 8x).
+//! `vec_dot_tile_at`, counting each weight byte once (per-token rate = 8x); `mat1` / `mat8` the
+//! same products with one `vec_dot_matrix_at` call over all rows.
 
-use hearth_quant::simd::{available_levels, quantize_row_at, vec_dot_at, vec_dot_tile_at, Level};
+use hearth_quant::simd::{
+    available_levels, quantize_row_at, vec_dot_at, vec_dot_matrix_at, vec_dot_tile_at, Level, Rows,
+};
 use hearth_quant::{has_vec_dot, vec_dot_type, GgmlType, ALL_TYPES};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-const COLS: usize = 4096;
+/// Columns per row: 4096, or `HEARTH_BENCH_COLS` (e.g. 576 for SmolLM2-135M's hidden size, where
+/// per-call overhead shows).
+fn cols() -> usize {
+    std::env::var("HEARTH_BENCH_COLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4096)
+}
 const ROWS: usize = 256;
 const TOKENS: usize = 8;
 
@@ -44,9 +54,10 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
 }
 
 fn weights(rng: &mut Rng, ty: GgmlType) -> Vec<u8> {
-    let bytes = ty.row_bytes((ROWS * COLS) as u64).unwrap() as usize;
+    let cols = cols();
+    let bytes = ty.row_bytes((ROWS * cols) as u64).unwrap() as usize;
     if ty.block_size() == 1 {
-        let x: Vec<f32> = (0..ROWS * COLS).map(|_| rng.normal()).collect();
+        let x: Vec<f32> = (0..ROWS * cols).map(|_| rng.normal()).collect();
         let mut w = vec![0u8; bytes];
         quantize_row_at(Level::Scalar, ty, &x, &mut w).unwrap();
         return w;
@@ -81,6 +92,8 @@ fn main() {
         .filter(|a| !a.starts_with("--"))
         .collect();
     let levels = available_levels();
+    let cols = cols();
+    println!("{ROWS} rows x {cols} columns");
     print!("{:<8} {:<7}", "type", "shape");
     for l in &levels {
         print!(" {:>9}", l.name());
@@ -94,25 +107,45 @@ fn main() {
         let w = weights(&mut rng, ty);
         let wrow = w.len() / ROWS;
         let aty = vec_dot_type(ty);
-        let arow = aty.row_bytes(COLS as u64).unwrap() as usize;
+        let arow = aty.row_bytes(cols as u64).unwrap() as usize;
         let mut acts = vec![0u8; arow * TOKENS];
         for t in 0..TOKENS {
-            let x: Vec<f32> = (0..COLS).map(|_| rng.normal()).collect();
+            let x: Vec<f32> = (0..cols).map(|_| rng.normal()).collect();
             quantize_row_at(Level::Scalar, aty, &x, &mut acts[t * arow..(t + 1) * arow]).unwrap();
         }
         let mut out = vec![0.0f32; ROWS * TOKENS];
-        for (shape, tokens) in [("decode", 1), ("tile8", TOKENS)] {
+        for (shape, tokens) in [
+            ("decode", 1),
+            ("tile8", TOKENS),
+            ("mat1", 1),
+            ("mat8", TOKENS),
+        ] {
             print!("{:<8} {:<7}", ty.name(), shape);
             for &level in &levels {
                 let budget = Duration::from_millis(if level == Level::Scalar { 300 } else { 600 });
                 let t = best(budget, || {
+                    if shape.starts_with("mat") {
+                        let wr = Rows {
+                            data: &w,
+                            stride: wrow,
+                            count: ROWS,
+                        };
+                        let ar = Rows {
+                            data: &acts,
+                            stride: arow,
+                            count: tokens,
+                        };
+                        vec_dot_matrix_at(level, ty, cols, wr, ar, &mut out, ROWS);
+                        black_box(&out);
+                        return;
+                    }
                     for r in 0..ROWS {
                         let wr = &w[r * wrow..(r + 1) * wrow];
                         if tokens == 1 {
-                            out[r] = vec_dot_at(level, ty, COLS, wr, &acts[..arow]);
+                            out[r] = vec_dot_at(level, ty, cols, wr, &acts[..arow]);
                         } else {
                             let o = &mut out[r * TOKENS..(r + 1) * TOKENS];
-                            vec_dot_tile_at(level, ty, COLS, wr, &acts, arow, TOKENS, o);
+                            vec_dot_tile_at(level, ty, cols, wr, &acts, arow, TOKENS, o);
                         }
                     }
                     black_box(&out);

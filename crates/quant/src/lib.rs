@@ -70,5 +70,5 @@ pub use legacy::{
     quantize_row_q5_0, quantize_row_q5_1, quantize_row_q8_0, quantize_row_q8_1, BlockQ4_0,
     BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1,
 };
-pub use simd::{kernel_level, vec_dot_rows, vec_dot_tile, Level};
+pub use simd::{kernel_level, vec_dot_matrix, vec_dot_rows, vec_dot_tile, Level, Rows};
 pub use types::{GgmlType, ALL_TYPES};

@@ -12,8 +12,8 @@ mod common;
 
 use common::{f16_fields, random_row, Rng};
 use hearth_quant::simd::{
-    available_levels, cpu_level, quantize_row_at, vec_dot_at, vec_dot_rows_at, vec_dot_tile_at,
-    Level,
+    available_levels, cpu_level, quantize_row_at, vec_dot_at, vec_dot_matrix_at, vec_dot_rows_at,
+    vec_dot_tile_at, Level, Rows,
 };
 use hearth_quant::{dequantize_row, has_vec_dot, vec_dot_type, GgmlType, ALL_TYPES};
 
@@ -198,6 +198,72 @@ fn tiles_are_bit_identical_to_single_dots() {
                         );
                         assert_eq!(out2[j].to_bits(), singles[j].to_bits(), "{ty} {level} rows");
                     }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matrix_is_bit_identical_to_single_dots() {
+    let mut rng = Rng(0x3A7);
+    for level in available_levels() {
+        for ty in dot_types() {
+            let aty = vec_dot_type(ty);
+            let n = if ty.block_size() == 1 { 77 } else { 512 };
+            let wrow = ty.row_bytes(n as u64).unwrap() as usize;
+            let arow = aty.row_bytes(n as u64).unwrap() as usize;
+            for (n_w, n_acts) in [(1, 1), (3, 1), (5, 7), (2, 8), (7, 11)] {
+                // Weight rows padded by 3 bytes, activation rows packed.
+                let wstride = wrow + 3;
+                let mut w = vec![0u8; wstride * n_w];
+                for i in 0..n_w {
+                    w[i * wstride..i * wstride + wrow]
+                        .copy_from_slice(&weight_row(&mut rng, ty, n, i));
+                }
+                let mut acts = vec![0u8; arow * n_acts];
+                for j in 0..n_acts {
+                    acts[j * arow..(j + 1) * arow]
+                        .copy_from_slice(&quantize(aty, &act_floats(&mut rng, n, j)));
+                }
+                let out_stride = n_w + 2;
+                let mut out = vec![f32::NAN; out_stride * n_acts];
+                let wr = Rows {
+                    data: &w,
+                    stride: wstride,
+                    count: n_w,
+                };
+                vec_dot_matrix_at(
+                    level,
+                    ty,
+                    n,
+                    wr,
+                    Rows::packed(&acts, arow),
+                    &mut out,
+                    out_stride,
+                );
+                for i in 0..n_w {
+                    for j in 0..n_acts {
+                        let single = vec_dot_at(
+                            level,
+                            ty,
+                            n,
+                            &w[i * wstride..i * wstride + wrow],
+                            &acts[j * arow..(j + 1) * arow],
+                        );
+                        assert_eq!(
+                            out[j * out_stride + i].to_bits(),
+                            single.to_bits(),
+                            "{ty} {level} {n_w}x{n_acts} at ({i}, {j})"
+                        );
+                    }
+                }
+                // The padding columns are not written.
+                for j in 0..n_acts {
+                    assert!(
+                        out[j * out_stride + n_w].is_nan()
+                            && out[j * out_stride + n_w + 1].is_nan()
+                    );
                 }
             }
         }

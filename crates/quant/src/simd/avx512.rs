@@ -1,7 +1,8 @@
 //! AVX-512 kernels (F, BW, VL, VNNI).
 //!
 //! - Q4_K, Q5_K, Q6_K: 64 quants per 512-bit step (two 32-element sub-blocks side by side), so a
-//!   super-block takes 4 steps instead of 8;
+//!   super-block takes 4 steps instead of 8, with VNNI's `vpdpwssd` applying the sub-block scales
+//!   and accumulating in one instruction;
 //! - the 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): the AVX2 kernels with VNNI's
 //!   `vpdpbusd` in place of `vpmaddubsw` + `vpmaddwd` (one instruction, no i16 saturation);
 //! - F32, BF16: 16 lanes per load, four FMA chains.
@@ -153,8 +154,8 @@ unsafe fn k45_tile<W: K45, const N: usize>(x: &[W], a: &[&[BlockQ8K]; N], out: &
             );
             for j in 0..N {
                 let y = load512i(&a[j][i].qs[64 * k..]);
-                let p = _mm512_madd_epi16(_mm512_maddubs_epi16(q, y), s);
-                sumi[j] = _mm512_add_epi32(sumi[j], p);
+                // VNNI `vpdpwssd`: the i16 pair products times the scales, added in one step.
+                sumi[j] = _mm512_dpwssd_epi32(sumi[j], _mm512_maddubs_epi16(q, y), s);
             }
         }
         for j in 0..N {
@@ -206,7 +207,7 @@ unsafe fn q6_k<const N: usize>(x: &[BlockQ6K], a: &[&[BlockQ8K]; N], out: &mut [
                     let y = load512i(&a[j][i].qs[128 * h + 64 * m..]);
                     let d =
                         _mm512_sub_epi16(_mm512_maddubs_epi16(q, y), _mm512_maddubs_epi16(m32, y));
-                    sumi[j] = _mm512_add_epi32(sumi[j], _mm512_madd_epi16(d, s));
+                    sumi[j] = _mm512_dpwssd_epi32(sumi[j], d, s);
                 }
             }
         }

@@ -331,6 +331,132 @@ pub fn vec_dot_tile_at(
     }
 }
 
+/// A set of equally spaced rows in one buffer: row `i` is `data[i * stride..i * stride + len]`,
+/// where `len` is the row length the operation expects (`stride >= len`).
+#[derive(Clone, Copy, Debug)]
+pub struct Rows<'a> {
+    /// The bytes holding the rows.
+    pub data: &'a [u8],
+    /// Bytes from the start of one row to the start of the next.
+    pub stride: usize,
+    /// Number of rows.
+    pub count: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// Rows of exactly `row_bytes` each, back to back.
+    pub fn packed(data: &'a [u8], row_bytes: usize) -> Rows<'a> {
+        let count = if row_bytes == 0 {
+            0
+        } else {
+            data.len() / row_bytes
+        };
+        Rows {
+            data,
+            stride: row_bytes,
+            count,
+        }
+    }
+
+    /// Checks that `count` rows of `len` bytes fit in `data`.
+    fn check(&self, len: usize, what: &str) {
+        assert!(
+            self.stride >= len || self.count <= 1,
+            "{what}: stride {} < row {len}",
+            self.stride
+        );
+        let need = self
+            .count
+            .checked_sub(1)
+            .map_or(Some(0), |k| {
+                k.checked_mul(self.stride).and_then(|b| b.checked_add(len))
+            })
+            .expect("row extent overflows");
+        assert!(
+            self.data.len() >= need,
+            "{what}: {} bytes, need {need}",
+            self.data.len()
+        );
+    }
+
+    #[inline]
+    fn row(&self, i: usize, len: usize) -> &'a [u8] {
+        &self.data[i * self.stride..i * self.stride + len]
+    }
+}
+
+/// Several weight rows against several activation rows:
+/// `out[j * out_stride + i] = vec_dot(ty, n, w_i, a_j)` for every weight row `i < w.count` and
+/// activation row `j < acts.count` (activation-major, as a `[tokens, rows]` output). Each element
+/// is bit-identical to [`crate::vec_dot`] at the same [`kernel_level`].
+///
+/// Shapes are checked once per call and the kernel is entered once per weight row and pass of up
+/// to [`MAX_TILE`] activation rows, so this is the cheapest entry point for both decode (one
+/// activation row, many weight rows) and prefill.
+///
+/// # Panics
+/// On programmer error: a type without a dot product, `n` not a whole number of blocks, rows that
+/// do not fit their buffers, or `out` too short for `(acts.count - 1) * out_stride + w.count`.
+pub fn vec_dot_matrix(
+    ty: GgmlType,
+    n: usize,
+    w: Rows,
+    acts: Rows,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    vec_dot_matrix_at(kernel_level(), ty, n, w, acts, out, out_stride)
+}
+
+/// [`vec_dot_matrix`] at an explicit level.
+pub fn vec_dot_matrix_at(
+    level: Level,
+    ty: GgmlType,
+    n: usize,
+    w: Rows,
+    acts: Rows,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    check_level(level);
+    assert!(has_vec_dot(ty), "vec_dot: no dot product for {ty}");
+    let wlen = row_len(ty, n).unwrap_or_else(|e| panic!("vec_dot: {e}"));
+    let alen = row_len(vec_dot_type(ty), n).unwrap_or_else(|e| panic!("vec_dot: {e}"));
+    w.check(wlen, "vec_dot_matrix weights");
+    acts.check(alen, "vec_dot_matrix activations");
+    if w.count == 0 || acts.count == 0 {
+        return;
+    }
+    assert!(
+        acts.count == 1 || out_stride >= w.count,
+        "vec_dot_matrix: out_stride < weight rows"
+    );
+    let need = (acts.count - 1)
+        .checked_mul(out_stride)
+        .and_then(|b| b.checked_add(w.count))
+        .expect("vec_dot_matrix: output extent overflows");
+    assert!(
+        out.len() >= need,
+        "vec_dot_matrix: out has {} elements, need {need}",
+        out.len()
+    );
+    let mut tmp = [0.0f32; MAX_TILE];
+    for i in 0..w.count {
+        let wr = w.row(i, wlen);
+        let mut j0 = 0;
+        while j0 < acts.count {
+            let m = (acts.count - j0).min(MAX_TILE);
+            let rows: [&[u8]; MAX_TILE] =
+                std::array::from_fn(|k| acts.row(j0 + k.min(m - 1), alen));
+            tile(level, ty, n, wr, &rows[..m], &mut tmp[..m]);
+            for (k, v) in tmp[..m].iter().enumerate() {
+                out[(j0 + k) * out_stride + i] = *v;
+            }
+            j0 += m;
+        }
+    }
+}
+
 /// [`crate::quantize_row`] at an explicit level: the SIMD quantizers (Q8_0, Q8_1, Q8_K, F16) are
 /// bit-identical to the reference ones for finite input; other types use the reference quantizer.
 pub fn quantize_row_at(
