@@ -346,11 +346,7 @@ pub struct Rows<'a> {
 impl<'a> Rows<'a> {
     /// Rows of exactly `row_bytes` each, back to back.
     pub fn packed(data: &'a [u8], row_bytes: usize) -> Rows<'a> {
-        let count = if row_bytes == 0 {
-            0
-        } else {
-            data.len() / row_bytes
-        };
+        let count = data.len().checked_div(row_bytes).unwrap_or(0);
         Rows {
             data,
             stride: row_bytes,
