@@ -128,6 +128,8 @@ unsafe fn k45_tile<W: K45, const N: usize>(x: &[W], a: &[&[BlockQ8K]; N], out: &
         let (sc, mn) = k4_scales_mins(xb.scales12());
         let (dx, dminx) = xb.d_dmin();
         let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr().cast()));
+        let scales16 =
+            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(sc.as_ptr().cast())));
         for j in 0..N {
             let y = &a[j][i];
             let bs = _mm256_loadu_si256(y.bsums.as_ptr().cast());
@@ -148,9 +150,13 @@ unsafe fn k45_tile<W: K45, const N: usize>(x: &[W], a: &[&[BlockQ8K]; N], out: &
                 let hh = _mm256_and_si256(_mm256_srl_epi16(h, cnt1), one);
                 q = _mm512_or_si512(q, _mm512_slli_epi16(join(hl, hh), 4));
             }
-            let s = join(
-                _mm256_set1_epi16(sc[2 * k] as i16),
-                _mm256_set1_epi16(sc[2 * k + 1] as i16),
+            // i16 lanes 0..16 = scale 2k, 16..32 = scale 2k+1, picked from the 8 widened scales.
+            let s = _mm512_permutexvar_epi16(
+                join(
+                    _mm256_set1_epi16(2 * k as i16),
+                    _mm256_set1_epi16(2 * k as i16 + 1),
+                ),
+                scales16,
             );
             for j in 0..N {
                 let y = load512i(&a[j][i].qs[64 * k..]);
