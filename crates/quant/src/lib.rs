@@ -21,8 +21,9 @@
 //! dequantized operands.
 //!
 //! Entry points by type: [`dequantize_row`], [`quantize_row`], [`vec_dot_type`], [`vec_dot`], and for
-//! prefill [`vec_dot_tile`] / [`vec_dot_rows`] (one weight row against several activation rows,
-//! bit-identical to [`vec_dot`] element by element). [`vec_dot`] and the Q8 quantizers run the SIMD
+//! matrix products [`vec_dot_matrix`] (weight rows × activation rows, shapes checked once),
+//! [`vec_dot_tile`] and [`vec_dot_rows`] (one weight row against several activation rows), all
+//! bit-identical to [`vec_dot`] element by element whatever the batch. [`vec_dot`] and the Q8 quantizers run the SIMD
 //! kernels of [`simd`] (AVX2, AVX-512), picked once at run time ([`kernel_level`]); the typed scalar
 //! functions and block structs stay public as the oracles those kernels are tested against.
 //! Types outside the 17 are refused with [`QuantError::Unsupported`] naming them.

@@ -13,6 +13,11 @@
 //! [`vec_dot_tile`] is bit-identical to [`crate::vec_dot`] at the same level for every element,
 //! whatever the batch or tile size (batch invariance).
 //!
+//! Entry points: [`vec_dot_matrix`] (several weight rows × several activation rows, the one to use
+//! in a matmul), [`vec_dot_tile`] / [`vec_dot_rows`] (one weight row × several activation rows),
+//! and `*_at` twins taking an explicit [`Level`] for tests and benchmarks; `crate::vec_dot` and
+//! `crate::quantize_row` dispatch here too.
+//!
 //! Activation quants must lie in `-127..=127`, as every quantizer in this crate writes them: the
 //! signed 8-bit products use the `sign` trick of llama.cpp, which cannot represent `-(-128)`.
 
