@@ -214,15 +214,16 @@ pub fn content_text(api: Api, content: Option<&Value>) -> Result<String, ApiErro
                     Value::String(t) => s.push_str(t),
                     Value::Object(o) => match o.get("text") {
                         Some(Value::String(t)) => s.push_str(t),
-                        _ => match o.get("type").and_then(Value::as_str) {
-                            Some("image_url" | "image" | "input_audio" | "document") => {
+                        _ => {
+                            if let Some("image_url" | "image" | "input_audio" | "document") =
+                                o.get("type").and_then(Value::as_str)
+                            {
                                 return Err(ApiError::bad_request(
                                     api,
                                     "this model accepts text only",
-                                ))
+                                ));
                             }
-                            _ => {}
-                        },
+                        }
                     },
                     _ => {
                         return Err(ApiError::bad_request(

@@ -25,16 +25,16 @@ fn anthropic_tools() -> Value {
         "input_schema": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}])
 }
 
-/// The OpenAI message assembled from a stream: (content, reasoning, [(id, name, args)], finish).
-fn fold_openai_stream(
-    body: &str,
-) -> (
+/// (content, reasoning, [(id, name, arguments)], finish reason).
+type Msg = (
     String,
     Option<String>,
     Vec<(String, String, String)>,
     String,
-    Value,
-) {
+);
+
+/// The OpenAI message assembled from a stream: (content, reasoning, [(id, name, args)], finish).
+fn fold_openai_stream(body: &str) -> (Msg, Value) {
     let frames = sse_frames(body);
     assert_eq!(frames.last().unwrap().1, "[DONE]");
     let (mut content, mut reasoning, mut finish, mut usage) =
@@ -71,22 +71,12 @@ fn fold_openai_stream(
         }
     }
     (
-        content,
-        reasoning,
-        calls.into_values().collect(),
-        finish,
+        (content, reasoning, calls.into_values().collect(), finish),
         usage,
     )
 }
 
-fn openai_message(
-    v: &Value,
-) -> (
-    String,
-    Option<String>,
-    Vec<(String, String, String)>,
-    String,
-) {
+fn openai_message(v: &Value) -> Msg {
     let c = &v["choices"][0];
     let m = &c["message"];
     let calls = m["tool_calls"]
@@ -137,7 +127,7 @@ async fn openai_reasoning_and_json_tool_call_at_every_cut() {
         let r = post(s.app(), "/v1/chat/completions", &body(true)).await;
         assert_eq!(r.status, 200);
         assert_eq!(r.headers["content-type"], "text/event-stream");
-        let (content, reasoning, calls, finish, _) = fold_openai_stream(&r.text());
+        let ((content, reasoning, calls, finish), _) = fold_openai_stream(&r.text());
         assert_eq!(
             (content, reasoning, calls, finish),
             whole.clone(),
@@ -171,7 +161,7 @@ async fn openai_coder_xml_tool_call_streams_as_parsed() {
         script.cuts = c.clone();
         s.backend.set_script(script);
         let r = post(s.app(), "/v1/chat/completions", &body(true)).await;
-        let (content, reasoning, calls, finish, _) = fold_openai_stream(&r.text());
+        let ((content, reasoning, calls, finish), _) = fold_openai_stream(&r.text());
         assert_eq!(
             (content, reasoning, calls, finish),
             whole.clone(),
