@@ -120,7 +120,17 @@ async fn count(State(state): State<AppState>, req: Request, next: Next) -> Respo
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "other".to_string());
+    let method = req.method().clone();
+    let t0 = std::time::Instant::now();
     let resp = next.run(req).await;
-    state.metrics().request(&endpoint, resp.status().as_u16());
+    let status = resp.status().as_u16();
+    state.metrics().request(&endpoint, status);
+    // Streamed replies are logged when their headers go out; the body may still be running.
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    if resp.status().is_server_error() {
+        tracing::warn!(%method, endpoint, status, ms, "request failed");
+    } else {
+        tracing::debug!(%method, endpoint, status, ms, "request");
+    }
     resp
 }
