@@ -6,7 +6,7 @@
 //! - tiles: `vec_dot_tile_at` / `vec_dot_rows_at` bit-identical to `vec_dot_at` at the same level,
 //!   for 1..=8 and odd activation counts (batch invariance);
 //! - quantizers: the SIMD Q8_0 / Q8_1 / Q8_K / F16 quantizers bit-identical to the reference,
-//!   including exact rounding ties.
+//!   including exact rounding ties, zeros, extremes and blocks with NaN or infinities.
 
 mod common;
 
@@ -307,6 +307,12 @@ fn quantizer_rows(rng: &mut Rng, n: usize) -> Vec<Vec<f32>> {
     for s in [1.0, 0.01, 7.0] {
         rows.push(rng.normals(n, s));
     }
+    // Non-finite values take the reference path block by block; the rest stays vectorised.
+    let mut bad = rng.normals(n, 1.0);
+    bad[3] = f32::NAN;
+    bad[40] = f32::INFINITY;
+    bad[n - 1] = f32::NEG_INFINITY;
+    rows.push(bad);
     rows
 }
 
@@ -353,8 +359,12 @@ fn simd_f16_conversion_handles_specials_and_tails() {
         1.0 + 1.0 / 2048.0,
         1.0 + 3.0 / 2048.0,
         f32::MIN_POSITIVE,
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(0x7f80_0001),
+        f32::from_bits(0xffc1_2345),
     ];
-    for n in [1, 7, 14, 23] {
+    for n in [1, 7, 14, 18, 23, 36] {
         let x: Vec<f32> = specials.iter().cycle().take(n).copied().collect();
         let want = quantize(GgmlType::F16, &x);
         for &level in &levels {

@@ -1,6 +1,10 @@
 //! AVX2 activation quantizers (Q8_0, Q8_1, Q8_K) and f32 -> F16 conversion, bit-identical to the
 //! reference quantizers for finite input.
 //!
+//! Blocks holding a NaN or an infinity go through the reference quantizer (vector min/max and
+//! float-to-int conversion treat them differently from the scalar code), so the output is
+//! bit-identical for every input.
+//!
 //! The one subtle step is rounding: Q8_0 / Q8_1 use C's `roundf` (half away from zero) while
 //! `vroundps` only rounds half to even, so [`round_away`] builds `roundf` from truncation and the
 //! exact fractional part. Q8_K rounds with ggml's `nearest_int` (the 1.5 * 2^23 trick), which is
@@ -89,6 +93,22 @@ unsafe fn q8_block(v: &[__m256; 4], id: f32) -> (__m256i, i32) {
     (pack32(q), hsum_epi32(sum))
 }
 
+/// Lanes where `|v| < inf` (false for NaN and infinities).
+#[inline(always)]
+unsafe fn finite_mask(v: __m256) -> __m256 {
+    let abs = _mm256_andnot_ps(_mm256_set1_ps(-0.0), v);
+    _mm256_cmp_ps::<_CMP_LT_OQ>(abs, _mm256_set1_ps(f32::INFINITY))
+}
+
+#[inline(always)]
+unsafe fn all_finite(v: &[__m256; 4]) -> bool {
+    let m = _mm256_and_ps(
+        _mm256_and_ps(finite_mask(v[0]), finite_mask(v[1])),
+        _mm256_and_ps(finite_mask(v[2]), finite_mask(v[3])),
+    );
+    _mm256_movemask_ps(m) == 0xff
+}
+
 #[inline(always)]
 unsafe fn load32(x: &[f32]) -> [__m256; 4] {
     assert!(x.len() >= 32);
@@ -107,6 +127,10 @@ unsafe fn q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
     assert_eq!(x.len(), out.len() * QK);
     for (xb, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
         let v = load32(xb);
+        if !all_finite(&v) {
+            crate::legacy::quantize_row_q8_0(xb, std::slice::from_mut(b));
+            continue;
+        }
         let (d, id) = q8_scale(&v);
         b.d = f32_to_f16(d);
         let (q, _) = q8_block(&v, id);
@@ -119,6 +143,10 @@ unsafe fn q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
     assert_eq!(x.len(), out.len() * QK);
     for (xb, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
         let v = load32(xb);
+        if !all_finite(&v) {
+            crate::legacy::quantize_row_q8_1(xb, std::slice::from_mut(b));
+            continue;
+        }
         let (d, id) = q8_scale(&v);
         b.d = f32_to_f16(d);
         let (q, sum) = q8_block(&v, id);
@@ -133,9 +161,15 @@ unsafe fn q8_k(x: &[f32], out: &mut [BlockQ8K]) {
     let sign = _mm256_set1_ps(-0.0);
     for (xb, b) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
         let mut m = _mm256_setzero_ps();
+        let mut finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
         for c in 0..QK_K / 8 {
             let v = _mm256_loadu_ps(xb.as_ptr().add(8 * c));
             m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+            finite = _mm256_and_ps(finite, finite_mask(v));
+        }
+        if _mm256_movemask_ps(finite) != 0xff {
+            crate::k_quantize::quantize_row_q8_k(xb, std::slice::from_mut(b));
+            continue;
         }
         let amax = hmax(m);
         if amax == 0.0 {
