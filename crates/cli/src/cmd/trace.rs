@@ -428,3 +428,47 @@ fn print_human(o: &mut String, r: &Report) {
         compare::print_human(o, c);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_count_non_finite_apart() {
+        let s = Stats::of(&[
+            1.0,
+            -1.0,
+            3.0,
+            -3.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ]);
+        assert_eq!((s.nan, s.inf), (1, 2));
+        assert_eq!((s.min, s.max), (-3.0, 3.0));
+        assert!(s.mean.abs() < 1e-12);
+        assert!((s.std - 5f64.sqrt()).abs() < 1e-9);
+        assert!((s.l2 - 20f64.sqrt()).abs() < 1e-9);
+        let empty = Stats::of(&[f32::NAN]);
+        assert_eq!((empty.min, empty.max, empty.nan), (0.0, 0.0, 1));
+    }
+
+    #[test]
+    fn expert_load_and_balance() {
+        // 4 experts, top-2, 4 tokens: loads [4, 2, 2, 0].
+        let sel = [0, 1, 0, 2, 0, 1, 0, 2];
+        let w = [0.6, 0.4, 0.5, 0.5, 0.7, 0.3, 0.9, 0.1];
+        let probs: Vec<f32> = (0..4).flat_map(|_| [0.4f32, 0.3, 0.2, 0.1]).collect();
+        let m = moe_report(4, &sel, &w, 2, Some(&(probs, 4)));
+        assert_eq!(m.load, [4, 2, 2, 0]);
+        assert_eq!(m.unused, 1);
+        assert!((m.max_over_mean - 2.0).abs() < 1e-12);
+        let h = -(0.5f64 * 0.5f64.ln() + 2.0 * 0.25 * 0.25f64.ln()) / 4f64.ln();
+        assert!((m.entropy - h).abs() < 1e-12);
+        assert!((m.mass[0] - 0.7).abs() < 1e-6 && (m.mass[1] - 0.6).abs() < 1e-6);
+        assert_eq!(m.experts[3], [0, 2]);
+        // Perfect balance.
+        let m = moe_report(2, &[0, 1, 1, 0], &[0.5; 4], 2, None);
+        assert_eq!((m.max_over_mean, m.entropy, m.unused), (1.0, 1.0, 0));
+    }
+}

@@ -148,3 +148,51 @@ pub fn tokenizer_metadata(
         .context("the tokenizer has no tokens")?;
     Ok((pairs, n))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hearth_tokenizer::Tokenizer;
+
+    fn builtin(n_vocab: Option<usize>) -> (Tokenizer, usize) {
+        let (pairs, n) = tokenizer_metadata(None, n_vocab).unwrap();
+        (Tokenizer::from_gguf(&hf::to_metadata(&pairs)).unwrap(), n)
+    }
+
+    #[test]
+    fn builtin_merges_specials_and_round_trip() {
+        let (t, n) = builtin(None);
+        assert_eq!(n, 256 + MERGES.len() + SPECIALS.len());
+        // " the" is one token (Ġ t, h e, Ġt he), " and" too.
+        assert_eq!(t.encode(" the", false).len(), 1);
+        assert_eq!(t.encode(" and", false).len(), 1);
+        let ids = t.encode("<|im_start|>user\nhello, wörld 🦀<|im_end|>", true);
+        assert_eq!(ids[0] as usize, 256 + MERGES.len() + 1);
+        assert_eq!(
+            t.decode(&ids, true),
+            "<|im_start|>user\nhello, wörld 🦀<|im_end|>"
+        );
+    }
+
+    #[test]
+    fn padded_to_the_preset_vocabulary() {
+        let (pairs, n) = tokenizer_metadata(None, Some(1000)).unwrap();
+        assert_eq!(n, 1000);
+        let meta = hf::to_metadata(&pairs);
+        let Some(hearth_gguf::Value::Array(hearth_gguf::Array::String(tokens))) =
+            meta.get("tokenizer.ggml.tokens")
+        else {
+            panic!("tokens")
+        };
+        assert_eq!(tokens[999], "[PAD999]");
+        assert_eq!(meta.get_str("tokenizer.ggml.pre"), Some("qwen2"));
+        assert!(meta
+            .get_str("tokenizer.chat_template")
+            .unwrap()
+            .contains("<|im_start|>"));
+        assert!(
+            tokenizer_metadata(None, Some(100)).is_err(),
+            "a vocabulary smaller than the tokenizer"
+        );
+    }
+}

@@ -391,3 +391,98 @@ pub fn print_human(o: &mut String, c: &Comparison) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trace(entries: &[(&str, &str, &[f32])]) -> LlamaTrace {
+        let mut bin = Vec::new();
+        let mut out = Vec::new();
+        for (name, op, vals) in entries {
+            out.push(Entry {
+                name: name.to_string(),
+                op: op.to_string(),
+                dtype: "f32".into(),
+                ne: vec![vals.len() as u64, 1, 1, 1],
+                offset: (bin.len() / 4) as u64,
+                count: vals.len() as u64,
+            });
+            vals.iter()
+                .for_each(|v| bin.extend_from_slice(&v.to_le_bytes()));
+        }
+        LlamaTrace { entries: out, bin }
+    }
+
+    fn ours(name: &str, data: &[f32]) -> Emitted {
+        Emitted {
+            name: name.into(),
+            rows: 1,
+            cols: data.len(),
+            data: data.to_vec(),
+        }
+    }
+
+    #[test]
+    fn occurrences_align_from_the_last() {
+        let t = trace(&[
+            ("node_1", "GET_ROWS", &[9.0, 9.0]),
+            ("Qcur-0", "MUL_MAT", &[1.0, 2.0]),
+            ("Qcur-0", "ADD", &[1.5, 2.5]),
+            ("Qcur-0", "RESHAPE", &[1.5, 2.5]),
+            ("Qcur-0", "ROPE", &[-2.5, 1.5]),
+            ("ffn_moe_out-0", "ADD", &[3.0, 4.0]),
+        ]);
+        let h = [
+            ours("Qcur-0", &[1.5, 2.5]),
+            ours("Qcur-0", &[-2.5, 1.5]),
+            ours("ffn_out-0", &[3.0, 4.0]),
+        ];
+        let c = compare(&t, &h, &Selections::new());
+        let got: Vec<_> = c
+            .rows
+            .iter()
+            .map(|r| (r.name.as_str(), r.op.as_str(), r.ok))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("Qcur-0", "RESHAPE", true),
+                ("Qcur-0", "ROPE", true),
+                ("ffn_moe_out-0", "ADD", true)
+            ]
+        );
+        assert_eq!(c.rows[2].hearth.as_deref(), Some("ffn_out-0"));
+        assert!(c.first_divergence.is_none());
+    }
+
+    #[test]
+    fn the_first_wrong_tensor_is_named() {
+        let t = trace(&[
+            ("attn_norm-0", "MUL", &[1.0, 1.0]),
+            ("Kcur-0", "ROPE", &[1.0, 2.0]),
+            ("l_out-0", "ADD", &[1.0]),
+        ]);
+        // Kcur 0.2 off in both values: NMSE 0.08 / 5 = 1.6e-2, past the threshold; l_out of another shape.
+        let h = [
+            ours("attn_norm-0", &[1.0, 1.0]),
+            ours("Kcur-0", &[1.2, 2.2]),
+            ours("l_out-0", &[1.0, 1.0]),
+        ];
+        let c = compare(&t, &h, &Selections::new());
+        assert!(
+            c.first_divergence
+                .as_deref()
+                .unwrap()
+                .starts_with("Kcur-0 (ROPE): NMSE"),
+            "{:?}",
+            c.first_divergence
+        );
+        assert!(c.rows[2]
+            .note
+            .as_deref()
+            .unwrap()
+            .contains("llama.cpp has 1 values"));
+        assert!(!c.rows[2].ok);
+    }
+}
