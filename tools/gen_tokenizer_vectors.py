@@ -29,6 +29,7 @@ import random
 import struct
 import subprocess
 import sys
+import tempfile
 import unicodedata
 from pathlib import Path
 
@@ -48,6 +49,12 @@ GGUF_VOCABS = {
 GGUF_VOCABS["smollm2"] = Path(os.environ.get(
     "HEARTH_SMOLLM2", ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 GGUF_VOCABS["tiny-qwen3"] = SHARED / "fixtures" / "tiny-qwen3.q4_0.gguf"
+# Pre-tokenizers without a vocabulary of their own here: the qwen2 vocabulary with
+# tokenizer.ggml.pre replaced (gguf-new-metadata), fewer strings each.
+EXTRA_PRES = ["default", "deepseek-llm", "deepseek-v3", "falcon", "starcoder", "command-r", "stablelm2",
+              "qwen35", "poro-chat", "viking", "chatglm-bpe", "llama3", "tekken", "gpt-4o", "chameleon",
+              "seed-coder", "bailingmoe", "ufakzeka", "grok-2", "mpt", "dbrx"]
+EXTRA_PRE_STRINGS = int(os.environ.get("HEARTH_EXTRA_PRE_STRINGS", "100"))  # committed: 100
 
 WORDS = (
     "the quick brown fox jumps over lazy dog tokenizer model weights layer attention "
@@ -183,9 +190,17 @@ def flags(i):
 
 
 def llama_cpp_vectors(oracle, strings):
-    for name, path in GGUF_VOCABS.items():
+    jobs = [(name, path, LLAMA_CPP_STRINGS, {}) for name, path in GGUF_VOCABS.items()]
+    tmp = Path(tempfile.mkdtemp())
+    new_metadata = Path(sys.executable).parent / "gguf-new-metadata"
+    for pre in EXTRA_PRES:
+        path = tmp / f"qwen2-{pre}.gguf"
+        subprocess.run([str(new_metadata), "--pre-tokenizer", pre, "--force", str(GGUF_VOCABS["qwen2"]), str(path)],
+                       check=True, capture_output=True)
+        jobs.append((f"pre-{pre}", path, EXTRA_PRE_STRINGS, {"base": "qwen2", "pre": pre}))
+    for name, path, count, extra in jobs:
         records = bytearray()
-        n = min(LLAMA_CPP_STRINGS, len(strings))
+        n = min(count, len(strings))
         for i in range(n):
             add, parse = flags(i)
             b = strings[i].encode("utf-8")
@@ -196,7 +211,7 @@ def llama_cpp_vectors(oracle, strings):
         with out.open("w", encoding="utf-8") as f:
             info = json.loads(subprocess.run([oracle, str(path), "--info"], capture_output=True,
                                              check=True).stdout)
-            meta = {"vocab": name, "strings": "qwen3_hf.jsonl", "count": n,
+            meta = {"vocab": name, **extra, "strings": "qwen3_hf.jsonl", "count": n,
                     "oracle": "llama_tokenize of llama.cpp as vendored in llama-cpp-python 0.3.36",
                     "info": info}
             f.write(json.dumps({"meta": meta}) + "\n")
@@ -219,6 +234,8 @@ def llama_cpp_vectors(oracle, strings):
                     except UnicodeDecodeError:
                         rec["detok_hex"] = detok.hex()
                 f.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
+        if extra:
+            path.unlink()
         print(f"wrote {n} llama.cpp vectors to {out} ({out.stat().st_size} bytes)", file=sys.stderr)
 
 

@@ -7,6 +7,8 @@
 
 use unicode_general_category::{get_general_category, GeneralCategory as G};
 
+/// The code-point is unassigned (`\p{Cn}`; llama.cpp's table keeps it apart from `\p{C}`).
+pub const UNDEFINED: u16 = 0x0001;
 /// The code-point is a number (`\p{N}`).
 pub const NUMBER: u16 = 0x0002;
 /// The code-point is a letter (`\p{L}`).
@@ -19,7 +21,7 @@ pub const ACCENT_MARK: u16 = 0x0010;
 pub const PUNCTUATION: u16 = 0x0020;
 /// The code-point is a symbol (`\p{S}`).
 pub const SYMBOL: u16 = 0x0040;
-/// The code-point is a control, format, private-use or unassigned code point (`\p{C}`).
+/// The code-point is a control, format or private-use code point (`\p{C}` but `\p{Cn}`).
 pub const CONTROL: u16 = 0x0080;
 /// Mask of the category bits above.
 pub const MASK_CATEGORIES: u16 = 0x00FF;
@@ -72,8 +74,26 @@ fn is_white_space(cp: u32) -> bool {
 }
 
 /// The flags of a code point.
+///
+/// llama.cpp's table (unicode-data.cpp) is Unicode 15.1. The `unicode-general-category` crate is
+/// pinned to its Unicode 15.0 release, and the 15.1 additions are patched in here, so that the two
+/// agree on every code point: newer Unicode versions would classify code points that llama.cpp
+/// still treats as unassigned.
 pub fn flags(c: char) -> Flags {
-    let cat = match get_general_category(c) {
+    let cp = c as u32;
+    let cat = match cp {
+        // Unicode 15.1: ideographic description characters and a CJK stroke (So) ...
+        0x2FFC..=0x2FFF | 0x31EF => SYMBOL,
+        // ... and CJK Unified Ideographs Extension I (Lo).
+        0x2EBF0..=0x2EE5D => LETTER,
+        _ => category(c),
+    };
+    let ws = if is_white_space(cp) { WHITESPACE } else { 0 };
+    Flags(cat | ws)
+}
+
+fn category(c: char) -> u16 {
+    match get_general_category(c) {
         G::UppercaseLetter
         | G::LowercaseLetter
         | G::TitlecaseLetter
@@ -90,15 +110,10 @@ pub fn flags(c: char) -> Flags {
         | G::FinalPunctuation
         | G::OtherPunctuation => PUNCTUATION,
         G::MathSymbol | G::CurrencySymbol | G::ModifierSymbol | G::OtherSymbol => SYMBOL,
-        // Control, format, surrogate, private use, unassigned (and any future category).
+        G::Unassigned => UNDEFINED,
+        // Control, format, surrogate, private use (and any future category).
         _ => CONTROL,
-    };
-    let ws = if is_white_space(c as u32) {
-        WHITESPACE
-    } else {
-        0
-    };
-    Flags(cat | ws)
+    }
 }
 
 /// GPT-2's byte → printable code point table (`bytes_to_unicode` in OpenAI's encoder.py).

@@ -5,7 +5,7 @@
 //! `llama_detokenize` of the ids, and its view of the vocabulary: special ids, flags, the
 //! end-of-generation set and hashes of every token's attributes and pieces.
 
-use hearth_tokenizer::Tokenizer;
+use hearth_tokenizer::{Tokenizer, VocabSpec};
 use std::path::PathBuf;
 
 fn testdata(name: &str) -> PathBuf {
@@ -114,10 +114,14 @@ fn check(name: &str, model: PathBuf) {
         model.display()
     );
     let tok = Tokenizer::open(&model).unwrap_or_else(|e| panic!("{name}: {e}"));
+    check_tokenizer(name, &tok, 400);
+}
+
+fn check_tokenizer(name: &str, tok: &Tokenizer, min_cases: usize) {
     let strings = strings();
     let text = std::fs::read_to_string(testdata(&format!("llamacpp_{name}.jsonl"))).unwrap();
     let header: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
-    check_info(name, &tok, &header["meta"]["info"]);
+    check_info(name, tok, &header["meta"]["info"]);
     let mut failures = Vec::new();
     let mut n = 0;
     for line in text.lines().skip(1) {
@@ -159,7 +163,7 @@ fn check(name: &str, model: PathBuf) {
         }
         n += 1;
     }
-    assert!(n >= 400, "{name}: only {n} vectors");
+    assert!(n >= min_cases, "{name}: only {n} vectors");
     assert!(
         failures.is_empty(),
         "{name}: {} of {n} differ:\n{}",
@@ -219,4 +223,35 @@ fn smollm2() {
         )),
     };
     check("smollm2", path);
+}
+
+/// Pre-tokenizers without a vocabulary of their own: the qwen2 vocabulary with another
+/// `tokenizer.ggml.pre`, as the generator made them with gguf-new-metadata.
+#[test]
+fn other_pre_tokenizers_on_the_qwen2_vocabulary() {
+    let g = hearth_gguf::Gguf::open(vocab("qwen2")).unwrap();
+    let base = VocabSpec::from_gguf(g.metadata()).unwrap();
+    let mut n = 0;
+    let mut failed = Vec::new();
+    for entry in std::fs::read_dir(testdata("")).unwrap() {
+        let file = entry.unwrap().file_name().to_string_lossy().to_string();
+        let Some(pre) = file
+            .strip_prefix("llamacpp_pre-")
+            .and_then(|f| f.strip_suffix(".jsonl"))
+        else {
+            continue;
+        };
+        let spec = VocabSpec {
+            pre: Some(pre.to_string()),
+            ..base.clone()
+        };
+        let tok = Tokenizer::from_spec(spec).unwrap_or_else(|e| panic!("{pre}: {e}"));
+        let name = format!("pre-{pre}");
+        if std::panic::catch_unwind(|| check_tokenizer(&name, &tok, 100)).is_err() {
+            failed.push(name);
+        }
+        n += 1;
+    }
+    assert!(n >= 20, "only {n} pre-tokenizer files");
+    assert!(failed.is_empty(), "pre-tokenizers that differ: {failed:?}");
 }
