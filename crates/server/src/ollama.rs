@@ -252,7 +252,6 @@ fn timings(start: Instant, n_prompt: usize, n_gen: usize) -> Map<String, Value> 
 
 /// The body and NDJSON framing of both generating endpoints; `chat` picks `/api/chat` shapes.
 async fn run(
-    l: std::sync::Arc<Loaded>,
     chat: bool,
     stream: bool,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
@@ -260,7 +259,6 @@ async fn run(
     model: String,
 ) -> Result<Response, ApiError> {
     let start = Instant::now();
-    let _ = &l;
     let frame = move |content: &str, thinking: &str, calls: Vec<Value>, done: bool| -> Value {
         let mut v = json!({"model": model, "created_at": created_at()});
         if chat {
@@ -385,7 +383,7 @@ pub async fn chat(
         seed,
     ));
     let model = req.model.unwrap_or_else(|| l.info().alias.clone());
-    run(l, true, req.stream.unwrap_or(true), rx, parser, model).await
+    run(true, req.stream.unwrap_or(true), rx, parser, model).await
 }
 
 /// `POST /api/generate`. An empty prompt loads the model (a no-op here) and answers done.
@@ -429,7 +427,6 @@ pub async fn generate(
         cfg = crate::parse::ParserConfig::plain();
     }
     run(
-        l,
         false,
         req.stream.unwrap_or(true),
         rx,

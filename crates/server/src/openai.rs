@@ -198,7 +198,9 @@ fn usage(n_prompt: usize, n_gen: usize, n_cached: usize) -> Value {
     })
 }
 
-fn chat_logprob(l: &Loaded, id: u32, text: &str, lp: &TokenLogprob) -> Value {
+/// One token's entry of OpenAI's `logprobs.content`. The token is spelled by its own piece, not
+/// by the text the engine released with it (which is empty while a stop string may be starting).
+fn chat_logprob(l: &Loaded, id: u32, lp: &TokenLogprob) -> Value {
     let piece = |id: u32, text: &str| {
         let bytes = l.tok().token_to_piece(id, false).to_vec();
         let t = if text.is_empty() {
@@ -209,7 +211,6 @@ fn chat_logprob(l: &Loaded, id: u32, text: &str, lp: &TokenLogprob) -> Value {
         (t, bytes)
     };
     let (t, bytes) = piece(id, "");
-    let _ = text;
     json!({
         "token": t,
         "logprob": lp.logprob,
@@ -362,7 +363,7 @@ pub async fn chat(
                 .collect();
         }
         let lp = logprobs.map(|_| {
-            json!({"content": out.tokens.iter().filter_map(|t| t.logprob.as_ref().map(|lp| chat_logprob(&l, t.id, &t.text, lp))).collect::<Vec<_>>()})
+            json!({"content": out.tokens.iter().filter_map(|t| t.logprob.as_ref().map(|lp| chat_logprob(&l, t.id, lp))).collect::<Vec<_>>()})
         });
         out_choices.push(json!({
             "index": i,
@@ -448,7 +449,7 @@ async fn stream_chat(
             } => {
                 let lp = logprob
                     .filter(|_| want_logprobs)
-                    .map(|lp| json!({"content": [chat_logprob(&l, tid, &text, &lp)]}));
+                    .map(|lp| json!({"content": [chat_logprob(&l, tid, &lp)]}));
                 (parsers[i].push(&text), lp, None)
             }
             Event::Done {

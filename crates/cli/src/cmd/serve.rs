@@ -222,7 +222,7 @@ pub fn run(args: Args) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
@@ -262,7 +262,8 @@ pub fn run(args: Args) -> Result<()> {
             Err(_) => tracing::warn!("grace period over; exiting with replies still in flight"),
         }
         anyhow::Ok(())
-    })?;
-    // Do not wait for blocking threads (the engine) at runtime drop.
-    Ok(())
+    });
+    // Do not wait for a model load still running on a blocking thread (SIGTERM while loading).
+    rt.shutdown_background();
+    result
 }
