@@ -148,8 +148,8 @@ impl Drop for Server {
 
 #[test]
 fn python_clients_against_the_real_model_then_graceful_sigterm() {
-    let server = Server::start(&[]);
-    server.pytest(&[]);
+    let server = Server::start(&["--alias", "tiny-moe"]);
+    server.pytest(&[("HEARTH_ALIAS", "tiny-moe")]);
 
     // A long streamed reply is under way when SIGTERM arrives: it still ends with [DONE], and the
     // server exits 0.
@@ -184,7 +184,19 @@ fn python_clients_against_the_real_model_then_graceful_sigterm() {
 fn python_clients_reasoning_and_tools_through_the_scripted_backend() {
     let reply = format!("{ROOT}/crates/server/tests/py/qwen3_reply.txt");
     let template = shared("templates/Qwen-Qwen3-0.6B.jinja");
-    let server = Server::start(&["--scripted", &reply, "--chat-template", &template]);
-    server.pytest(&[("HEARTH_SCRIPTED", "1")]);
+    // With an API key from a file: every client authenticates, a wrong key is refused.
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, "s3cret-key\n").unwrap();
+    let key_file = key_file.to_str().unwrap();
+    let server = Server::start(&[
+        "--scripted",
+        &reply,
+        "--chat-template",
+        &template,
+        "--api-key-file",
+        key_file,
+    ]);
+    server.pytest(&[("HEARTH_SCRIPTED", "1"), ("HEARTH_API_KEY", "s3cret-key")]);
     assert!(server.terminate().success());
 }

@@ -25,6 +25,10 @@ import pytest
 URL = os.environ.get("HEARTH_URL", "http://127.0.0.1:8080")
 SCRIPTED = os.environ.get("HEARTH_SCRIPTED") == "1"
 SOAK_SECONDS = float(os.environ.get("HEARTH_SOAK_SECONDS", "10"))
+# The server's --api-key, when it has one: OpenAI's client sends it as a Bearer token, Anthropic's
+# as x-api-key, Ollama's in the headers we give it.
+KEY = os.environ.get("HEARTH_API_KEY")
+ALIAS = os.environ.get("HEARTH_ALIAS")
 
 real = pytest.mark.skipif(SCRIPTED, reason="needs the real model")
 scripted = pytest.mark.skipif(not SCRIPTED, reason="needs the scripted backend")
@@ -32,16 +36,20 @@ scripted = pytest.mark.skipif(not SCRIPTED, reason="needs the scripted backend")
 MSGS = [{"role": "user", "content": "Write a short poem about the sea."}]
 
 
-def oai():
-    return openai.OpenAI(base_url=URL + "/v1", api_key="none", max_retries=0)
+def oai(key=None):
+    return openai.OpenAI(base_url=URL + "/v1", api_key=key or KEY or "none", max_retries=0)
 
 
-def ant():
-    return anthropic.Anthropic(base_url=URL, api_key="none", max_retries=0)
+def ant(key=None):
+    return anthropic.Anthropic(base_url=URL, api_key=key or KEY or "none", max_retries=0)
 
 
 def oll():
-    return ollama.Client(host=URL)
+    return ollama.Client(host=URL, headers={"Authorization": f"Bearer {KEY}"} if KEY else None)
+
+
+def auth():
+    return {"Authorization": f"Bearer {KEY}"} if KEY else {}
 
 
 # ---------------------------------------------------------------- OpenAI
@@ -51,7 +59,7 @@ def oll():
 def test_openai_models():
     models = oai().models.list()
     assert len(models.data) == 1
-    assert models.data[0].id
+    assert models.data[0].id == (ALIAS or models.data[0].id)
 
 
 @real
@@ -201,9 +209,9 @@ def test_ollama_listing():
     assert shown.details.format == "gguf"
     assert "completion" in shown.capabilities
     assert len(c.ps().models) == 1
-    assert httpx.get(URL + "/api/version").json()["version"]
-    assert httpx.get(URL + "/").status_code == 200
-    assert httpx.head(URL + "/").status_code == 200
+    assert httpx.get(URL + "/api/version", headers=auth()).json()["version"]
+    assert httpx.get(URL + "/", headers=auth()).status_code == 200
+    assert httpx.head(URL + "/", headers=auth()).status_code == 200
     with pytest.raises(ollama.ResponseError) as e:
         c.chat(model="x", messages=MSGS, options={"top_p": 5})
     assert e.value.status_code == 400
@@ -214,17 +222,17 @@ def test_ollama_listing():
 
 @real
 def test_tokenize_detokenize_health():
-    toks = httpx.post(URL + "/tokenize", json={"content": "Hello world"}).json()["tokens"]
+    toks = httpx.post(URL + "/tokenize", headers=auth(), json={"content": "Hello world"}).json()["tokens"]
     assert toks
-    assert httpx.post(URL + "/detokenize", json={"tokens": toks}).json()["content"] == "Hello world"
-    r = httpx.post(URL + "/detokenize", json={"tokens": [10**9]})
+    assert httpx.post(URL + "/detokenize", headers=auth(), json={"tokens": toks}).json()["content"] == "Hello world"
+    r = httpx.post(URL + "/detokenize", headers=auth(), json={"tokens": [10**9]})
     assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"]
     r = httpx.get(URL + "/health")
     assert r.status_code == 200 and r.json() == {"status": "ok"}
 
 
 def metric(name):
-    text = httpx.get(URL + "/metrics").text
+    text = httpx.get(URL + "/metrics", headers=auth()).text
     m = re.search(rf"^{name} (\S+)$", text, re.M)
     assert m, f"{name} missing from /metrics"
     return float(m.group(1))
@@ -336,3 +344,19 @@ def test_scripted_ollama_thinking_and_tool_calls():
         calls += part.message.tool_calls or []
     assert thinking == whole.message.thinking
     assert [t.function.arguments for t in calls] == [{"city": "Paris"}]
+
+
+@pytest.mark.skipif(not KEY, reason="the server has no API key")
+def test_api_key_required():
+    with pytest.raises(openai.AuthenticationError) as e:
+        oai("wrong-key").chat.completions.create(model="x", messages=MSGS, max_tokens=2)
+    assert e.value.body["type"] == "authentication_error"
+    with pytest.raises(anthropic.AuthenticationError) as e:
+        ant("wrong-key").messages.create(model="x", max_tokens=2, messages=MSGS)
+    assert e.value.body["error"]["type"] == "authentication_error"
+    with pytest.raises(ollama.ResponseError) as e:
+        ollama.Client(host=URL).list()
+    assert e.value.status_code == 401
+    assert httpx.get(URL + "/health").status_code == 200
+    assert oai().chat.completions.create(model="x", messages=MSGS, max_tokens=2).choices
+    assert ant().messages.create(model="x", max_tokens=2, messages=MSGS).content is not None
