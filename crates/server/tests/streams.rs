@@ -585,3 +585,30 @@ async fn a_client_that_goes_away_cancels_its_request() {
     }
     panic!("the request was not cancelled");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_streams_all_finish_and_free_their_sequences() {
+    let mut script = Script::new(QWEN3_REPLY);
+    script.delay = std::time::Duration::from_millis(1);
+    let s = setup_with(script, Tpl::Qwen3, ServerConfig::default(), 4096);
+    let body = json!({"stream": true, "tools": openai_tools(), "seed": 3, "messages": [{"role": "user", "content": "Weather?"}]});
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let app = s.app();
+            let body = body.clone();
+            tokio::spawn(async move { post(app, "/v1/chat/completions", &body).await })
+        })
+        .collect();
+    let mut first = None;
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200);
+        let (msg, _) = fold_openai_stream(&r.text());
+        assert_eq!(msg.3, "tool_calls");
+        match &first {
+            None => first = Some(msg),
+            Some(f) => assert_eq!(&msg, f, "every concurrent reply is the same"),
+        }
+    }
+    assert_eq!(s.backend.stats().active, 0);
+}
