@@ -360,3 +360,28 @@ def test_api_key_required():
     assert httpx.get(URL + "/health").status_code == 200
     assert oai().chat.completions.create(model="x", messages=MSGS, max_tokens=2).choices
     assert ant().messages.create(model="x", max_tokens=2, messages=MSGS).content is not None
+
+
+@real
+def test_generation_reaching_the_context_end_is_length():
+    n_ctx = oai().models.list().data[0].model_extra["meta"]["n_ctx"]
+    r = oai().completions.create(model="x", prompt=[100] * (n_ctx - 3), temperature=0)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens <= 3
+    with pytest.raises(openai.BadRequestError) as e:
+        oai().completions.create(model="x", prompt=[100] * (n_ctx + 5), temperature=0)
+    assert str(n_ctx) in e.value.body["message"] and str(n_ctx + 5) in e.value.body["message"]
+
+
+@real
+def test_a_client_that_leaves_frees_its_sequence():
+    with httpx.stream("POST", URL + "/v1/chat/completions", headers=auth(), timeout=60,
+                      json={"messages": MSGS, "max_tokens": 900, "temperature": 0, "stream": True}) as r:
+        lines = r.iter_lines()
+        next(lines)
+        next(lines)
+    for _ in range(100):
+        if metric("hearth_active_sequences") == 0:
+            break
+        time.sleep(0.05)
+    assert metric("hearth_active_sequences") == 0
