@@ -14,12 +14,17 @@ the file is reproducible:
 The Rust test (crates/tokenizer/tests/tokenizer_hf.rs) converts the same tokenizer.json with
 hearth_tokenizer::hf and checks every string, plus decode(encode(s)) == s.
 
-With --llama-cpp ORACLE (tools/llama_tokenize_oracle.c built against a llama.cpp checkout, e.g.
-the one vendored in PyPI's llama-cpp-python sdist), it also writes
+With --llama-cpp ORACLE (tools/llama_tokenize_oracle.c built against a llama.cpp checkout; the
+committed vectors used the llama.cpp vendored in PyPI's llama-cpp-python 0.3.36 sdist, built with
+the commands in the oracle's header comment), it also writes
 crates/tokenizer/testdata/tokenizer/llamacpp_<vocab>.jsonl: llama.cpp's llama_tokenize ids of the
 first LLAMA_CPP_STRINGS strings above (referenced by index, to keep the files small) for each GGUF
 vocabulary of ../shared/tokenizers/llama.cpp-vocab, SmolLM2 and a tiny fixture, with add_special and
-parse_special varied per string (crates/tokenizer/tests/tokenizer_llamacpp.rs checks them).
+parse_special varied per string, plus llama.cpp's detokenization and its view of each vocabulary
+(special ids, flags, end-of-generation ids, hashes of all token attributes and pieces); and
+llamacpp_pre-<name>.jsonl for pre-tokenizers that have no vocabulary here (the qwen2 vocabulary
+with tokenizer.ggml.pre replaced). crates/tokenizer/tests/tokenizer_llamacpp.rs checks them all.
+HEARTH_LLAMA_CPP_STRINGS / HEARTH_EXTRA_PRE_STRINGS raise the counts for a one-off deeper check.
 """
 
 import argparse
