@@ -2,11 +2,12 @@
 //
 // Build against a llama.cpp checkout, e.g. vendor/llama.cpp of PyPI's llama-cpp-python 0.3.36 sdist
 // (cmake from PyPI works), from that directory:
-//   cmake -B build -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF \
+//   cmake -B build -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF
 //         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF
+//     (one command)
 //   cmake --build build --target llama -j2
-//   cc -O2 -I include -I ggml/include $HEARTH/tools/llama_tokenize_oracle.c -L build/bin -lllama \
-//      -Wl,-rpath,$PWD/build/bin -o /tmp/oracle
+//   cc -O2 -I include -I ggml/include $HEARTH/tools/llama_tokenize_oracle.c -L build/bin -lllama
+//      -Wl,-rpath,$PWD/build/bin -o /tmp/oracle   (one command)
 // Usage: oracle MODEL.gguf < records > results
 //   record in:  u8 add_special, u8 parse_special, u32 len, len bytes of UTF-8 (little-endian)
 //   record out: i32 n, n x i32 token ids, i32 m, m bytes of llama_detokenize(ids,
