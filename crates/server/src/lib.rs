@@ -47,6 +47,7 @@ pub fn app(state: AppState) -> Router {
         .route("/completions", post(openai::completions))
         .route("/v1/models", get(openai::models))
         .route("/models", get(openai::models))
+        .route("/v1/models/{model}", get(openai::model))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/chat", post(ollama::chat))

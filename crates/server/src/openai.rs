@@ -751,3 +751,9 @@ pub async fn models(State(state): State<AppState>) -> Result<Response, ApiError>
     }))
     .into_response())
 }
+
+/// `GET /v1/models/{model}`: the loaded model, whatever name is asked for (one model is served).
+pub async fn model(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let l = state.loaded(API)?;
+    Ok(Json(json!({"id": l.info().alias, "object": "model", "created": state.started(), "owned_by": "hearth"})).into_response())
+}

@@ -500,6 +500,8 @@ async fn ollama_and_model_listing_endpoints() {
     assert_eq!(r.status, 200);
     let r = send(s.app(), "GET", "/v1/models", "", &[]).await;
     assert_eq!(r.json()["data"][0]["id"], "synthetic-qwen3-seed2");
+    let r = send(s.app(), "GET", "/v1/models/gpt-4o", "", &[]).await;
+    assert_eq!(r.json()["id"], "synthetic-qwen3-seed2");
 }
 
 #[tokio::test]
