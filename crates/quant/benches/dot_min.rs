@@ -104,6 +104,13 @@ fn main() {
         if !filter.is_empty() && !filter.iter().any(|f| f.eq_ignore_ascii_case(ty.name())) {
             continue;
         }
+        if cols % ty.block_size() != 0 {
+            println!(
+                "{:<8} skipped: {cols} columns are not whole blocks",
+                ty.name()
+            );
+            continue;
+        }
         let w = weights(&mut rng, ty);
         let wrow = w.len() / ROWS;
         let aty = vec_dot_type(ty);

@@ -10,6 +10,7 @@
 
 use std::arch::x86_64::*;
 
+use super::{OutGrid, Rows};
 use crate::block::{cast_blocks, Block};
 use crate::iq4::{BlockIQ4NL, BlockIQ4XS, KVALUES_IQ4NL};
 use crate::k_quants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
@@ -849,6 +850,105 @@ macro_rules! by_n_float {
     }};
 }
 pub(super) use by_n_float;
+
+/// One pass of a matrix product: every weight row of `w` against the `N` activation rows, written
+/// to `g`. Calls the kernel directly for each weight row (no per-row dispatch).
+#[inline(always)]
+pub(super) unsafe fn rows_loop<W: Block, A: Block, const N: usize>(
+    kern: unsafe fn(&[W], &[&[A]; N], &mut [f32; N]),
+    w: &Rows,
+    wlen: usize,
+    acts: &[&[u8]],
+    g: &mut OutGrid,
+) {
+    let a: [&[A]; N] = std::array::from_fn(|k| blocks::<A>(acts[k]));
+    for i in 0..w.count {
+        let mut o = [0.0f32; N];
+        kern(blocks::<W>(w.row(i, wlen)), &a, &mut o);
+        g.put(i, &o);
+    }
+}
+
+/// [`rows_loop`] for the float formats.
+#[inline(always)]
+pub(super) unsafe fn rows_loop_float<const N: usize>(
+    kern: unsafe fn(usize, &[u8], &[&[u8]; N], &mut [f32; N]),
+    n: usize,
+    w: &Rows,
+    wlen: usize,
+    acts: &[&[u8]],
+    g: &mut OutGrid,
+) {
+    let a: [&[u8]; N] = std::array::from_fn(|k| acts[k]);
+    for i in 0..w.count {
+        let mut o = [0.0f32; N];
+        kern(n, w.row(i, wlen), &a, &mut o);
+        g.put(i, &o);
+    }
+}
+
+/// `rows_loop::<W, A, N>(kern, ...)` for N = `$acts.len()` (1..=4).
+macro_rules! rows_n {
+    ($kern:expr, $W:ty, $A:ty, $w:expr, $wlen:expr, $acts:expr, $g:expr) => {
+        match $acts.len() {
+            1 => rows_loop::<$W, $A, 1>($kern, $w, $wlen, $acts, $g),
+            2 => rows_loop::<$W, $A, 2>($kern, $w, $wlen, $acts, $g),
+            3 => rows_loop::<$W, $A, 3>($kern, $w, $wlen, $acts, $g),
+            4 => rows_loop::<$W, $A, 4>($kern, $w, $wlen, $acts, $g),
+            m => unreachable!("tile of {m} rows"),
+        }
+    };
+}
+pub(super) use rows_n;
+
+/// `rows_loop_float::<N>(kern, ...)` for N = `$acts.len()` (1..=4).
+macro_rules! rows_n_float {
+    ($kern:expr, $n:expr, $w:expr, $wlen:expr, $acts:expr, $g:expr) => {
+        match $acts.len() {
+            1 => rows_loop_float::<1>($kern, $n, $w, $wlen, $acts, $g),
+            2 => rows_loop_float::<2>($kern, $n, $w, $wlen, $acts, $g),
+            3 => rows_loop_float::<3>($kern, $n, $w, $wlen, $acts, $g),
+            4 => rows_loop_float::<4>($kern, $n, $w, $wlen, $acts, $g),
+            m => unreachable!("tile of {m} rows"),
+        }
+    };
+}
+pub(super) use rows_n_float;
+
+/// Runs one matrix pass (every row of `w` against `acts`) with the AVX2 kernels; false if `ty`
+/// has none.
+///
+/// # Safety
+/// As [`tile`], for every row of `w` (each `wlen` bytes).
+pub(super) unsafe fn matrix(
+    ty: GgmlType,
+    n: usize,
+    w: &Rows,
+    wlen: usize,
+    acts: &[&[u8]],
+    g: &mut OutGrid,
+) -> bool {
+    use GgmlType::*;
+    match ty {
+        Q4_0 => rows_n!(type0, BlockQ4_0, BlockQ8_0, w, wlen, acts, g),
+        Q5_0 => rows_n!(type0, BlockQ5_0, BlockQ8_0, w, wlen, acts, g),
+        Q8_0 => rows_n!(type0, BlockQ8_0, BlockQ8_0, w, wlen, acts, g),
+        IQ4_NL => rows_n!(type0, BlockIQ4NL, BlockQ8_0, w, wlen, acts, g),
+        Q4_1 => rows_n!(type1, BlockQ4_1, BlockQ8_1, w, wlen, acts, g),
+        Q5_1 => rows_n!(type1, BlockQ5_1, BlockQ8_1, w, wlen, acts, g),
+        Q2_K => rows_n!(q2_k, BlockQ2K, BlockQ8K, w, wlen, acts, g),
+        Q3_K => rows_n!(q3_k, BlockQ3K, BlockQ8K, w, wlen, acts, g),
+        Q4_K => rows_n!(q4_k, BlockQ4K, BlockQ8K, w, wlen, acts, g),
+        Q5_K => rows_n!(q5_k, BlockQ5K, BlockQ8K, w, wlen, acts, g),
+        Q6_K => rows_n!(q6_k, BlockQ6K, BlockQ8K, w, wlen, acts, g),
+        IQ4_XS => rows_n!(iq4_xs, BlockIQ4XS, BlockQ8K, w, wlen, acts, g),
+        F32 => rows_n_float!(f32s, n, w, wlen, acts, g),
+        F16 => rows_n_float!(f16s, n, w, wlen, acts, g),
+        BF16 => rows_n_float!(bf16s, n, w, wlen, acts, g),
+        _ => return false,
+    }
+    true
+}
 
 /// Runs the AVX2 tile for `ty`; returns false if there is none.
 ///

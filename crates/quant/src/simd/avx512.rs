@@ -17,6 +17,7 @@ use super::avx2::{
     blocks, f16c, hsum_ps, hsum_ps128, k4_scales_mins, type0_tile, type1_tile, FloatRow, Idot,
     Type0, Type1,
 };
+use super::{OutGrid, Rows};
 use crate::iq4::BlockIQ4NL;
 use crate::k_quants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use crate::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
@@ -316,6 +317,37 @@ unsafe fn f32s<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f3
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn bf16s<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f32; N]) {
     float_tile::<super::avx2::Bf16Row, N>(n, w, a, out)
+}
+
+/// One matrix pass with the AVX-512 kernels (see `avx2::matrix`); false if `ty` has none.
+///
+/// # Safety
+/// As [`tile`], for every row of `w` (each `wlen` bytes).
+pub(super) unsafe fn matrix(
+    ty: GgmlType,
+    n: usize,
+    w: &Rows,
+    wlen: usize,
+    acts: &[&[u8]],
+    g: &mut OutGrid,
+) -> bool {
+    use super::avx2::{rows_loop, rows_loop_float, rows_n, rows_n_float};
+    use GgmlType::*;
+    match ty {
+        Q4_0 => rows_n!(type0, BlockQ4_0, BlockQ8_0, w, wlen, acts, g),
+        Q5_0 => rows_n!(type0, BlockQ5_0, BlockQ8_0, w, wlen, acts, g),
+        Q8_0 => rows_n!(type0, BlockQ8_0, BlockQ8_0, w, wlen, acts, g),
+        IQ4_NL => rows_n!(type0, BlockIQ4NL, BlockQ8_0, w, wlen, acts, g),
+        Q4_1 => rows_n!(type1, BlockQ4_1, BlockQ8_1, w, wlen, acts, g),
+        Q5_1 => rows_n!(type1, BlockQ5_1, BlockQ8_1, w, wlen, acts, g),
+        Q4_K => rows_n!(q4_k, BlockQ4K, BlockQ8K, w, wlen, acts, g),
+        Q5_K => rows_n!(q5_k, BlockQ5K, BlockQ8K, w, wlen, acts, g),
+        Q6_K => rows_n!(q6_k, BlockQ6K, BlockQ8K, w, wlen, acts, g),
+        F32 => rows_n_float!(f32s, n, w, wlen, acts, g),
+        BF16 => rows_n_float!(bf16s, n, w, wlen, acts, g),
+        _ => return false,
+    }
+    true
 }
 
 /// Runs the AVX-512 tile for `ty`; returns false if there is none (the caller falls back to AVX2).

@@ -441,20 +441,72 @@ pub fn vec_dot_matrix_at(
         "vec_dot_matrix: out has {} elements, need {need}",
         out.len()
     );
-    let mut tmp = [0.0f32; MAX_TILE];
+    let mut j0 = 0;
+    while j0 < acts.count {
+        let m = (acts.count - j0).min(MAX_TILE);
+        let rows: [&[u8]; MAX_TILE] = std::array::from_fn(|k| acts.row(j0 + k.min(m - 1), alen));
+        let mut g = OutGrid {
+            out: &mut *out,
+            stride: out_stride,
+            j0,
+        };
+        matrix_pass(level, ty, n, &w, wlen, &rows[..m], &mut g);
+        j0 += m;
+    }
+}
+
+/// Where a matrix pass writes: weight row `i` against activation `k` of the pass goes to
+/// `out[(j0 + k) * stride + i]`.
+pub(crate) struct OutGrid<'o> {
+    out: &'o mut [f32],
+    stride: usize,
+    j0: usize,
+}
+
+impl OutGrid<'_> {
+    #[inline(always)]
+    fn put(&mut self, i: usize, vals: &[f32]) {
+        for (k, v) in vals.iter().enumerate() {
+            self.out[(self.j0 + k) * self.stride + i] = *v;
+        }
+    }
+}
+
+/// Every row of `w` against at most [`MAX_TILE`] activation rows; shapes already checked. Each
+/// element is computed by the same kernel call as in [`tile`], so it equals [`vec_dot_at`].
+fn matrix_pass(
+    level: Level,
+    ty: GgmlType,
+    n: usize,
+    w: &Rows,
+    wlen: usize,
+    acts: &[&[u8]],
+    g: &mut OutGrid,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level >= Level::Avx512 {
+            // SAFETY: `check_level` proved AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C; the caller
+            // checked that every weight row is `wlen` bytes and every activation row one row.
+            if unsafe { avx512::matrix(ty, n, w, wlen, acts, g) } {
+                return;
+            }
+        }
+        if level >= Level::Avx2 {
+            // SAFETY: `check_level` proved AVX2/FMA/F16C; shapes checked as above.
+            if unsafe { avx2::matrix(ty, n, w, wlen, acts, g) } {
+                return;
+            }
+        }
+    }
+    let _ = level;
+    let mut o = [0.0f32; MAX_TILE];
     for i in 0..w.count {
         let wr = w.row(i, wlen);
-        let mut j0 = 0;
-        while j0 < acts.count {
-            let m = (acts.count - j0).min(MAX_TILE);
-            let rows: [&[u8]; MAX_TILE] =
-                std::array::from_fn(|k| acts.row(j0 + k.min(m - 1), alen));
-            tile(level, ty, n, wr, &rows[..m], &mut tmp[..m]);
-            for (k, v) in tmp[..m].iter().enumerate() {
-                out[(j0 + k) * out_stride + i] = *v;
-            }
-            j0 += m;
+        for (ok, a) in o.iter_mut().zip(acts) {
+            *ok = scalar_dot(ty, n, wr, a);
         }
+        g.put(i, &o[..acts.len()]);
     }
 }
 
