@@ -104,7 +104,7 @@ fn main() {
         if !filter.is_empty() && !filter.iter().any(|f| f.eq_ignore_ascii_case(ty.name())) {
             continue;
         }
-        if cols % ty.block_size() != 0 {
+        if !cols.is_multiple_of(ty.block_size()) {
             println!(
                 "{:<8} skipped: {cols} columns are not whole blocks",
                 ty.name()

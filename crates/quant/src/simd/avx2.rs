@@ -869,10 +869,13 @@ pub(super) unsafe fn rows_loop<W: Block, A: Block, const N: usize>(
     }
 }
 
+/// A float tile kernel: `(n, weight row, activation rows, out)`.
+pub(super) type FloatKernel<const N: usize> = unsafe fn(usize, &[u8], &[&[u8]; N], &mut [f32; N]);
+
 /// [`rows_loop`] for the float formats.
 #[inline(always)]
 pub(super) unsafe fn rows_loop_float<const N: usize>(
-    kern: unsafe fn(usize, &[u8], &[&[u8]; N], &mut [f32; N]),
+    kern: FloatKernel<N>,
     n: usize,
     w: &Rows,
     wlen: usize,
