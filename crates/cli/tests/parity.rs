@@ -11,9 +11,19 @@ fn shared() -> PathBuf {
 
 pub fn smollm2() -> PathBuf {
     let path: PathBuf = std::env::var("HEARTH_SMOLLM2")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf").into())
+        .unwrap_or_else(|_| {
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+            )
+            .into()
+        })
         .into();
-    assert!(path.exists(), "{} is missing: run scripts/test, which fetches it", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test, which fetches it",
+        path.display()
+    );
     path
 }
 
@@ -22,7 +32,12 @@ fn check(model: &Path, prompts: &Path, golden: &Path, extra: &[&str]) {
         .unwrap()
         .lines()
         .next()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["greedy"].as_array().unwrap().len())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["greedy"]
+                .as_array()
+                .unwrap()
+                .len()
+        })
         .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
         .args(["logits", "--all", "--gen", &n_gen.to_string(), "-t", "2"])
@@ -33,22 +48,53 @@ fn check(model: &Path, prompts: &Path, golden: &Path, extra: &[&str]) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(&std::fs::read(prompts).unwrap()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&std::fs::read(prompts).unwrap())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "hearth logits failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "hearth logits failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut ours = tempfile::NamedTempFile::new().unwrap();
     ours.write_all(&out.stdout).unwrap();
-    let res = Command::new("python3").arg(shared().join("tools/compare_golden.py")).arg(ours.path()).arg(golden).output().unwrap();
+    let res = Command::new("python3")
+        .arg(shared().join("tools/compare_golden.py"))
+        .arg(ours.path())
+        .arg(golden)
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&res.stdout);
-    println!("{}: {}", golden.file_name().unwrap().to_string_lossy(), text.trim());
-    assert!(res.status.success(), "{} does not match:\n{text}", golden.display());
+    println!(
+        "{}: {}",
+        golden.file_name().unwrap().to_string_lossy(),
+        text.trim()
+    );
+    assert!(
+        res.status.success(),
+        "{} does not match:\n{text}",
+        golden.display()
+    );
 }
 
 fn fixture(name: &str) {
     let dir = shared().join("fixtures");
-    let prompts = if name.ends_with(".long") { "prompts-long.txt" } else { "prompts-synthetic.txt" };
+    let prompts = if name.ends_with(".long") {
+        "prompts-long.txt"
+    } else {
+        "prompts-synthetic.txt"
+    };
     let model = dir.join(format!("{}.gguf", name.trim_end_matches(".long")));
-    check(&model, &dir.join(prompts), &dir.join(format!("{name}.golden.jsonl")), &[]);
+    check(
+        &model,
+        &dir.join(prompts),
+        &dir.join(format!("{name}.golden.jsonl")),
+        &[],
+    );
 }
 
 macro_rules! parity {
@@ -78,7 +124,12 @@ parity! {
 #[test]
 fn smollm2_instruct_q4_1() {
     let dir = shared().join("fixtures");
-    check(&smollm2(), &dir.join("prompts-smollm2.txt"), &dir.join("smollm2-135m-instruct.q4_1.golden.jsonl"), &[]);
+    check(
+        &smollm2(),
+        &dir.join("prompts-smollm2.txt"),
+        &dir.join("smollm2-135m-instruct.q4_1.golden.jsonl"),
+        &[],
+    );
 }
 
 /// The same goldens with an f32 KV cache: a correct engine passes either way.

@@ -44,16 +44,27 @@ pub fn run(args: Args) -> Result<()> {
     let tok = &m.tokenizer;
     let encoder = ChatEncoder::new(tok);
     let mut session = Session::new(&m.model, &m.pool, m.n_ctx, 512, m.kv_type);
-    let params = GenParams { max_tokens: args.n_predict, sampler: args.sampling.config()?, stop: args.sampling.stop.clone() };
+    let params = GenParams {
+        max_tokens: args.n_predict,
+        sampler: args.sampling.config()?,
+        stop: args.sampling.stop.clone(),
+    };
     let mut kwargs = serde_json::Map::new();
     if args.think || args.no_think {
         kwargs.insert("enable_thinking".into(), json!(args.think));
     }
-    let start: Vec<serde_json::Value> = args.system.iter().map(|s| json!({"role": "system", "content": s})).collect();
+    let start: Vec<serde_json::Value> = args
+        .system
+        .iter()
+        .map(|s| json!({"role": "system", "content": s}))
+        .collect();
     let mut messages = start.clone();
     let interactive = std::io::IsTerminal::is_terminal(&std::io::stdin());
     if interactive {
-        eprintln!("Chatting with {}. Type /clear to start over, /exit to quit.", args.model.model.display());
+        eprintln!(
+            "Chatting with {}. Type /clear to start over, /exit to quit.",
+            args.model.model.display()
+        );
     }
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
@@ -81,10 +92,18 @@ pub fn run(args: Args) -> Result<()> {
             tools: None,
             add_generation_prompt: true,
             kwargs: kwargs.clone(),
-            bos_token: tok.bos_id().map(|id| tok.token_text(id).to_string()).unwrap_or_default(),
-            eos_token: tok.eos_id().map(|id| tok.token_text(id).to_string()).unwrap_or_default(),
+            bos_token: tok
+                .bos_id()
+                .map(|id| tok.token_text(id).to_string())
+                .unwrap_or_default(),
+            eos_token: tok
+                .eos_id()
+                .map(|id| tok.token_text(id).to_string())
+                .unwrap_or_default(),
         };
-        let rendered = encoder.render(&template, &input).context("rendering the chat template")?;
+        let rendered = encoder
+            .render(&template, &input)
+            .context("rendering the chat template")?;
         let prompt = encoder.encode(tok, &rendered);
         if prompt.len() >= session.n_ctx() {
             eprintln!("error: the conversation ({} tokens) no longer fits the context of {}; /clear to start over", prompt.len(), session.n_ctx());
@@ -94,7 +113,9 @@ pub fn run(args: Args) -> Result<()> {
         let stdout = std::io::stdout();
         let g = generate(&mut session, tok, &prompt, &params, |text| {
             let mut out = stdout.lock();
-            out.write_all(text.as_bytes()).and_then(|_| out.flush()).is_ok()
+            out.write_all(text.as_bytes())
+                .and_then(|_| out.flush())
+                .is_ok()
         })?;
         println!();
         messages.push(json!({"role": "assistant", "content": g.text}));

@@ -67,7 +67,10 @@ pub fn with_spinner<T>(msg: &str, f: impl FnOnce() -> T) -> T {
 
 /// A progress bar of `len` steps on stderr; hidden when stderr is not a terminal.
 pub fn progress_bar(len: u64, msg: &str) -> indicatif::ProgressBar {
-    let pb = indicatif::ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::stderr());
+    let pb = indicatif::ProgressBar::with_draw_target(
+        Some(len),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
     pb.set_style(
         indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({eta})")
             .expect("valid template")
@@ -91,28 +94,45 @@ impl ModelArgs {
     pub fn load(&self) -> Result<Loaded> {
         let path = &self.model;
         let n_threads = self.n_threads()?;
-        let (model, tokenizer) = with_spinner(&format!("loading {}", path.display()), || -> Result<_> {
-            let gguf = Arc::new(Gguf::open(path).with_context(|| format!("cannot open {}", path.display()))?);
-            let tokenizer = Tokenizer::from_gguf(gguf.metadata()).with_context(|| format!("{}: tokenizer", path.display()))?;
-            let model = Model::load(gguf).with_context(|| format!("cannot load {}", path.display()))?;
-            Ok((model, tokenizer))
-        })?;
+        let (model, tokenizer) =
+            with_spinner(&format!("loading {}", path.display()), || -> Result<_> {
+                let gguf = Arc::new(
+                    Gguf::open(path).with_context(|| format!("cannot open {}", path.display()))?,
+                );
+                let tokenizer = Tokenizer::from_gguf(gguf.metadata())
+                    .with_context(|| format!("{}: tokenizer", path.display()))?;
+                let model =
+                    Model::load(gguf).with_context(|| format!("cannot load {}", path.display()))?;
+                Ok((model, tokenizer))
+            })?;
         let n_ctx = match self.ctx {
             Some(0) => anyhow::bail!("--ctx must be at least 1"),
             Some(c) => c,
             None => model.config.n_ctx_train.min(8192),
         };
-        Ok(Loaded { model, tokenizer, pool: ThreadPool::new(n_threads), n_ctx, kv_type: self.kv_type.into() })
+        Ok(Loaded {
+            model,
+            tokenizer,
+            pool: ThreadPool::new(n_threads),
+            n_ctx,
+            kv_type: self.kv_type.into(),
+        })
     }
 }
 
 /// The chat template: `--chat-template FILE`, else the file's, else ChatML with a warning.
 pub fn chat_template(loaded: &Loaded, file: Option<&PathBuf>) -> Result<ChatTemplate> {
     if let Some(f) = file {
-        let src = std::fs::read_to_string(f).with_context(|| format!("cannot read chat template {}", f.display()))?;
+        let src = std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read chat template {}", f.display()))?;
         return ChatTemplate::new(&src).with_context(|| format!("chat template {}", f.display()));
     }
-    match loaded.model.gguf().metadata().get_str("tokenizer.chat_template") {
+    match loaded
+        .model
+        .gguf()
+        .metadata()
+        .get_str("tokenizer.chat_template")
+    {
         Some(src) => ChatTemplate::new(src).context("the model's chat template"),
         None => {
             eprintln!("warning: the model has no chat template; using ChatML");

@@ -39,8 +39,16 @@ pub fn run(args: Args) -> Result<()> {
             continue;
         }
         let prompt = m.tokenizer.encode_prompt_line(&line);
-        let r = logits_report(&m.model, &m.pool, &mut scratch, m.kv_type, &prompt, args.all, args.gen)
-            .with_context(|| format!("prompt {}", i + 1))?;
+        let r = logits_report(
+            &m.model,
+            &m.pool,
+            &mut scratch,
+            m.kv_type,
+            &prompt,
+            args.all,
+            args.gen,
+        )
+        .with_context(|| format!("prompt {}", i + 1))?;
         writeln!(out, "{}", serde_json::to_string(&r)?)?;
         out.flush()?;
     }

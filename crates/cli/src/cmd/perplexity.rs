@@ -28,7 +28,8 @@ pub struct Args {
 
 /// Runs `hearth perplexity`.
 pub fn run(args: Args) -> Result<()> {
-    let text = std::fs::read_to_string(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
     let n_ctx = args.model.ctx.unwrap_or(512);
     anyhow::ensure!(n_ctx >= 4, "--ctx must be at least 4 for perplexity");
     let m = args.model.load()?;
@@ -36,7 +37,11 @@ pub fn run(args: Args) -> Result<()> {
     let add_bos = m.tokenizer.add_bos();
     let tokens = m.tokenizer.encode_with_specials(&text, add_bos, false);
     let n_chunk = tokens.len() / n_ctx;
-    anyhow::ensure!(n_chunk > 0, "{} tokens are fewer than one chunk of {n_ctx} (lower --ctx)", tokens.len());
+    anyhow::ensure!(
+        n_chunk > 0,
+        "{} tokens are fewer than one chunk of {n_ctx} (lower --ctx)",
+        tokens.len()
+    );
     eprintln!("{} tokens, {n_chunk} chunks of {n_ctx}", tokens.len());
 
     let n_batch = args.batch.clamp(1, n_ctx);
@@ -49,15 +54,25 @@ pub fn run(args: Args) -> Result<()> {
     for chunk in 0..n_chunk {
         let mut toks = tokens[chunk * n_ctx..(chunk + 1) * n_ctx].to_vec();
         if add_bos {
-            toks[0] = m.tokenizer.bos_id().context("the model adds BOS but has no BOS id")?;
+            toks[0] = m
+                .tokenizer
+                .bos_id()
+                .context("the model adds BOS but has no BOS id")?;
         }
         for start in (0..n_ctx).step_by(n_batch) {
             let end = (start + n_batch).min(n_ctx);
             let pos: Vec<usize> = (start..end).collect();
             let seq = vec![0; end - start];
             let want = vec![true; end - start];
-            let batch = Batch { tokens: &toks[start..end], pos: &pos, seq: &seq, logits: &want };
-            let out = m.model.forward(&m.pool, &mut kv, &mut scratch, &batch, None)?;
+            let batch = Batch {
+                tokens: &toks[start..end],
+                pos: &pos,
+                seq: &seq,
+                logits: &want,
+            };
+            let out = m
+                .model
+                .forward(&m.pool, &mut kv, &mut scratch, &batch, None)?;
             logits[start * c.n_vocab..end * c.n_vocab].copy_from_slice(out);
         }
         for j in first..n_ctx - 1 {
@@ -73,7 +88,11 @@ pub fn run(args: Args) -> Result<()> {
     let mean = nll / count as f64;
     let ppl = mean.exp();
     let var = nll2 / count as f64 - mean * mean;
-    let err = if var > 0.0 && count > 1 { (var / (count - 1) as f64).sqrt() * ppl } else { 0.0 };
+    let err = if var > 0.0 && count > 1 {
+        (var / (count - 1) as f64).sqrt() * ppl
+    } else {
+        0.0
+    };
     println!("PPL = {ppl:.4} +/- {err:.5}");
     Ok(())
 }

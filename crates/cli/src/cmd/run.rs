@@ -29,7 +29,9 @@ pub struct Args {
 /// Runs `hearth run`.
 pub fn run(args: Args) -> Result<()> {
     let m = args.model.load()?;
-    let prompt = m.tokenizer.encode_with_specials(&args.prompt, m.tokenizer.add_bos(), true);
+    let prompt = m
+        .tokenizer
+        .encode_with_specials(&args.prompt, m.tokenizer.add_bos(), true);
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
     anyhow::ensure!(
         prompt.len() < m.n_ctx,
@@ -38,12 +40,18 @@ pub fn run(args: Args) -> Result<()> {
         m.n_ctx
     );
     let mut session = Session::new(&m.model, &m.pool, m.n_ctx, 512, m.kv_type);
-    let params = GenParams { max_tokens: args.n_predict, sampler: args.sampling.config()?, stop: args.sampling.stop.clone() };
+    let params = GenParams {
+        max_tokens: args.n_predict,
+        sampler: args.sampling.config()?,
+        stop: args.sampling.stop.clone(),
+    };
     let stdout = std::io::stdout();
     let t0 = std::time::Instant::now();
     let g = generate(&mut session, &m.tokenizer, &prompt, &params, |text| {
         let mut out = stdout.lock();
-        out.write_all(text.as_bytes()).and_then(|_| out.flush()).is_ok()
+        out.write_all(text.as_bytes())
+            .and_then(|_| out.flush())
+            .is_ok()
     })
     .context("generation failed")?;
     println!();

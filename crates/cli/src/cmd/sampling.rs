@@ -32,12 +32,26 @@ pub struct SamplingArgs {
 impl SamplingArgs {
     /// The sampler configuration, validated.
     pub fn config(&self) -> Result<SamplerConfig> {
-        anyhow::ensure!(self.temperature.is_finite() && self.temperature >= 0.0, "--temp must be a number >= 0");
-        anyhow::ensure!((0.0..=1.0).contains(&self.top_p), "--top-p must be between 0 and 1");
-        anyhow::ensure!((0.0..=1.0).contains(&self.min_p), "--min-p must be between 0 and 1");
-        anyhow::ensure!(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0, "--repeat-penalty must be > 0");
+        anyhow::ensure!(
+            self.temperature.is_finite() && self.temperature >= 0.0,
+            "--temp must be a number >= 0"
+        );
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.top_p),
+            "--top-p must be between 0 and 1"
+        );
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.min_p),
+            "--min-p must be between 0 and 1"
+        );
+        anyhow::ensure!(
+            self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0,
+            "--repeat-penalty must be > 0"
+        );
         let seed = self.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
         });
         Ok(SamplerConfig {
             temperature: self.temperature,
