@@ -57,16 +57,17 @@ pub fn run(args: Args) -> Result<()> {
     println!();
     if args.verbose {
         let dt = t0.elapsed().as_secs_f64();
+        let finish = match g.finish {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        };
         eprintln!(
-            "{} prompt tokens, {} generated in {dt:.2}s ({}){}",
+            "{} prompt tokens ({} computed), {} generated in {dt:.2}s ({:.1} t/s), finish: {finish}",
             prompt.len(),
+            g.n_prefilled,
             g.tokens.len(),
-            match g.finish {
-                FinishReason::Stop => "stop",
-                FinishReason::Length => "length",
-                FinishReason::Cancelled => "cancelled",
-            },
-            ""
+            g.tokens.len() as f64 / dt
         );
     }
     Ok(())
