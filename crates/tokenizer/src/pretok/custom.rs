@@ -1,6 +1,6 @@
-//! llama.cpp's hand-written splitters for the GPT-2 and Llama 3 regexes
-//! (`unicode_regex_split_custom_gpt2` / `_llama3`), ported line by line: they are what llama.cpp
-//! runs for those regexes, and they differ from a regex engine in corner cases.
+//! llama.cpp's hand-written splitters for the GPT-2, Llama 3 and Qwen2 regexes
+//! (`unicode_regex_split_custom_gpt2` / `_llama3` / `_qwen2`), ported line by line: they are what
+//! llama.cpp runs for those regexes, and they may differ from a regex engine in corner cases.
 
 use crate::unicode::Flags;
 
@@ -119,8 +119,14 @@ fn lower(c: Option<char>) -> Option<char> {
     c.map(|c| c.to_lowercase().next().unwrap_or(c))
 }
 
-/// Port of llama.cpp's `unicode_regex_split_custom_llama3`.
-pub(super) fn split_llama3(cpts: &[char], all_flags: &[Flags], offsets: &[usize]) -> Vec<usize> {
+/// Port of llama.cpp's `unicode_regex_split_custom_llama3` (`max_digits` = 3) and
+/// `unicode_regex_split_custom_qwen2` (the same with `\p{N}` alone: `max_digits` = 1).
+pub(super) fn split_llama3(
+    cpts: &[char],
+    all_flags: &[Flags],
+    offsets: &[usize],
+    max_digits: usize,
+) -> Vec<usize> {
     let mut out = Vec::with_capacity(offsets.len());
     let mut start = 0usize;
     for &offset in offsets {
@@ -183,12 +189,12 @@ pub(super) fn split_llama3(cpts: &[char], all_flags: &[Flags], offsets: &[usize]
                 add(pos, &mut out);
                 continue;
             }
-            // \p{N}{1,3}
+            // \p{N}{1,3} (Qwen2: \p{N})
             if flags.is_number() {
                 let mut i0 = pos;
                 while fl(pos).is_number() {
                     pos += 1;
-                    if pos - i0 >= 3 {
+                    if pos - i0 >= max_digits {
                         add(pos, &mut out);
                         i0 = pos;
                     }

@@ -5,8 +5,8 @@
 //! of its own. llama.cpp runs them in three ways, and we copy each because they do not always agree
 //! with a textbook regex engine:
 //!
-//! - the GPT-2 and Llama-3 regexes have hand-written matchers (`unicode_regex_split_custom_*`), ported
-//!   here line by line;
+//! - the GPT-2, Llama-3 and Qwen2 regexes have hand-written matchers
+//!   (`unicode_regex_split_custom_*`), ported here line by line;
 //! - a regex that uses `\p{..}` runs on a "collapsed" text in which every non-ASCII code point is
 //!   replaced by one stand-in per class (letter, number, punctuation, mark, symbol, other; non-ASCII
 //!   whitespace becomes `\x0B`), and each `\p{X}` by a class of that stand-in plus X's ASCII members;
@@ -24,13 +24,14 @@ use crate::error::TokenizerError;
 use crate::unicode::{self, Flags};
 use custom::{split_gpt2, split_llama3};
 use fancy_regex::Regex;
-use table::{GPT2, LLAMA3, LLAMA3_ORIG};
+use table::{GPT2, LLAMA3, LLAMA3_ORIG, QWEN2};
 
 /// How one regex of the list is matched.
 #[derive(Debug)]
 enum Splitter {
     Gpt2,
     Llama3,
+    Qwen2,
     /// On the collapsed text, with `\p{..}` rewritten.
     Collapsed(Box<Regex>),
     /// On the text itself (non-ASCII whitespace as `\x0B`).
@@ -147,6 +148,8 @@ impl PreTokenizer {
                 Splitter::Gpt2
             } else if e == LLAMA3 || e == LLAMA3_ORIG {
                 Splitter::Llama3
+            } else if e == QWEN2 {
+                Splitter::Qwen2
             } else if uses_categories(e) {
                 Splitter::Collapsed(Box::new(compile(&collapse_regex(e)?)?))
             } else {
@@ -171,7 +174,8 @@ impl PreTokenizer {
         for s in &self.splitters {
             offsets = match s {
                 Splitter::Gpt2 => split_gpt2(&cpts, &flags, &offsets),
-                Splitter::Llama3 => split_llama3(&cpts, &flags, &offsets),
+                Splitter::Llama3 => split_llama3(&cpts, &flags, &offsets, 3),
+                Splitter::Qwen2 => split_llama3(&cpts, &flags, &offsets, 1),
                 Splitter::Collapsed(re) => {
                     let t = collapsed.get_or_insert_with(|| collapse_text(&cpts, &flags));
                     split_regex(re, t, &offsets)
@@ -284,7 +288,6 @@ fn split_regex(re: &Regex, text: &[char], offsets: &[usize]) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::table::QWEN2;
     use super::*;
 
     const ALL: &[&str] = &[
