@@ -64,6 +64,8 @@ enum Kind {
 
 /// Words cached per tokenizer before the cache is cleared (bounds memory on adversarial input).
 const WORD_CACHE_MAX: usize = 1 << 16;
+/// Longest word (in bytes) that is cached.
+const WORD_CACHE_MAX_LEN: usize = 256;
 
 /// A tokenizer built from `tokenizer.ggml.*` metadata.
 #[derive(Debug)]
@@ -231,11 +233,14 @@ impl Tokenizer {
                 }
             }
         }
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= WORD_CACHE_MAX {
-            cache.clear();
+        // Long words are rare and would make the cache's memory unbounded in bytes.
+        if word.len() <= WORD_CACHE_MAX_LEN {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if cache.len() >= WORD_CACHE_MAX {
+                cache.clear();
+            }
+            cache.insert(word.to_string(), out[start..].to_vec());
         }
-        cache.insert(word.to_string(), out[start..].to_vec());
     }
 
     /// A streaming detokenizer over this vocabulary.
