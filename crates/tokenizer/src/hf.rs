@@ -6,7 +6,9 @@
 //! - tokens in id order, the model's vocabulary and the added tokens together; ids below the padded
 //!   vocabulary size that nothing uses become `[PAD{i}]` of type UNUSED;
 //! - token types: added tokens that are special (or look special: `<|...|>`) are CONTROL, other added
-//!   tokens USER_DEFINED (with `▁` turned back into spaces), everything else NORMAL;
+//!   tokens USER_DEFINED (with `▁` turned back into spaces), everything else NORMAL; added tokens are
+//!   taken verbatim (the converter round-trips non-normalized ones through the tokenizer, which is
+//!   the identity for byte-level BPE vocabularies such as Qwen's);
 //! - merges as `"a b"` strings, in rank order;
 //! - BOS / EOS / UNK / SEP / PAD ids from `tokenizer_config.json`'s `*_token` entries (matched
 //!   against the added tokens), then `config.json`'s `*_token_id` for those still unset;
