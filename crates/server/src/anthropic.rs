@@ -271,7 +271,7 @@ pub async fn messages(
         content.push(json!({"type": "text", "text": parsed.content}));
     }
     for c in &parsed.tool_calls {
-        content.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": parse_input(&c.arguments)}));
+        content.push(json!({"type": "tool_use", "id": tool_use_id(&c.id), "name": c.name, "input": parse_input(&c.arguments)}));
     }
     let stop = gen::matched_stop(&l, &out, &stops);
     Ok(Json(json!({
@@ -355,7 +355,7 @@ impl BlockWriter<'_> {
             }
             Delta::ToolCallStart { index, id, name } => {
                 self.tools = true;
-                self.open(Block::Tool(index), json!({"type": "tool_use", "id": id, "name": name, "input": {}}))
+                self.open(Block::Tool(index), json!({"type": "tool_use", "id": tool_use_id(&id), "name": name, "input": {}}))
             }
             Delta::ToolCallArgs { index, fragment } => {
                 if self.open != Some(Block::Tool(index)) {
@@ -497,4 +497,9 @@ pub async fn count_tokens(
         .prompt(l.tok(), &l.template, &input)
         .map_err(|e| ApiError::bad_request(API, e.to_string()))?;
     Ok(Json(json!({"input_tokens": ids.len()})).into_response())
+}
+
+/// Anthropic spells tool-use ids `toolu_…`; the parser's ids are OpenAI's `call_…`.
+fn tool_use_id(call_id: &str) -> String {
+    format!("toolu_{}", call_id.strip_prefix("call_").unwrap_or(call_id))
 }
