@@ -6,26 +6,7 @@ use crate::{float, iq4, iq4_quantize, k_quantize, k_quants as k, legacy as l, Gg
 
 /// Whether [`dequantize_row`] handles `ty`.
 pub fn can_dequantize(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(
-        ty,
-        F32 | F16
-            | BF16
-            | Q4_0
-            | Q4_1
-            | Q5_0
-            | Q5_1
-            | Q8_0
-            | Q8_1
-            | Q2_K
-            | Q3_K
-            | Q4_K
-            | Q5_K
-            | Q6_K
-            | Q8_K
-            | IQ4_NL
-            | IQ4_XS
-    )
+    ty.is_supported()
 }
 
 /// Whether [`quantize_row`] handles `ty`: every type Hearth can dequantize also has a reference

@@ -56,31 +56,6 @@ pub struct Args {
     scripted: Option<PathBuf>,
 }
 
-/// `general.file_type` as llama.cpp spells it.
-fn quantization(ftype: u32) -> Option<&'static str> {
-    Some(match ftype {
-        0 => "F32",
-        1 => "F16",
-        2 => "Q4_0",
-        3 => "Q4_1",
-        7 => "Q8_0",
-        8 => "Q5_0",
-        9 => "Q5_1",
-        10 => "Q2_K",
-        11 => "Q3_K_S",
-        12 => "Q3_K_M",
-        13 => "Q3_K_L",
-        14 => "Q4_K_S",
-        15 => "Q4_K_M",
-        16 => "Q5_K_S",
-        17 => "Q5_K_M",
-        18 => "Q6_K",
-        25 => "IQ4_NL",
-        32 => "BF16",
-        _ => return None,
-    })
-}
-
 impl Args {
     fn api_key(&self) -> Result<Option<String>> {
         if let Some(k) = &self.api_key {
@@ -119,39 +94,14 @@ impl Args {
         let meta = loaded.model.gguf().metadata();
         let src = meta.get_str("tokenizer.chat_template").map(str::to_string);
         let template = self.template(src.as_deref())?;
-        let alias = self
-            .alias
-            .clone()
-            .or_else(|| meta.get_str("general.name").map(str::to_string))
-            .unwrap_or_else(|| {
-                path.file_stem()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| "model".into())
-            });
-        let info = ModelInfo {
-            alias,
-            arch: meta
-                .get_str("general.architecture")
-                .unwrap_or("unknown")
-                .to_string(),
-            n_ctx: loaded.n_ctx,
-            n_ctx_train: loaded.model.config.n_ctx_train,
-            parallel: self.parallel,
-            n_vocab: loaded.tokenizer.vocab_size(),
-            n_params: loaded
-                .model
-                .gguf()
-                .tensors()
-                .iter()
-                .map(|t| t.n_elements)
-                .sum(),
-            file_size: std::fs::metadata(path).map_or(0, |m| m.len()),
-            chat_template: Some(template.source().to_string()),
-            quantization: meta
-                .get_u32("general.file_type")
-                .and_then(quantization)
-                .map(str::to_string),
-        };
+        let info = ModelInfo::describe(
+            &loaded.model,
+            path,
+            loaded.n_ctx,
+            self.parallel,
+            self.alias.clone(),
+            Some(template.source().to_string()),
+        );
         let cfg = SchedulerConfig {
             parallel: self.parallel,
             n_ctx: loaded.n_ctx,
