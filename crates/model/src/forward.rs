@@ -12,7 +12,7 @@ use crate::attn_kernels::{axpy_f16, axpy_f32};
 
 use crate::error::ModelError;
 use crate::kv_cache::{KvCache, Rows};
-use crate::matmul::{matmul, matmul_gather, Group, QuantActs};
+use crate::matmul::{matmul, matmul_fused, matmul_gather, Group, Product, QuantActs};
 use crate::model::Model;
 use crate::ops::{add_assign, rms_norm, rms_norm_into, softmax, swiglu};
 use crate::threads::{SharedMut, ThreadPool};
@@ -111,11 +111,39 @@ impl Scratch {
     }
 }
 
-/// Quantizes `x` for `w` unless `acts` already holds it in `w`'s activation type.
-fn prepare(acts: &mut QuantActs, fresh: &mut bool, w: &Weight, x: &[f32], n: usize) {
-    if !*fresh || acts.ty() != vec_dot_type(w.ty) {
+/// Products that read the same input `x` (`[n, cols]`): quantized once per activation type, and
+/// every product of a type run in one fused pass.
+fn shared_input_products(
+    pool: &ThreadPool,
+    acts: &mut QuantActs,
+    x: &[f32],
+    n: usize,
+    gather: (&[Group], Option<&[u32]>, Option<&[u32]>),
+    products: &mut [Product],
+) {
+    let (groups, act_rows, out_rows) = gather;
+    let mut done = 0;
+    while done < products.len() {
+        let ty = vec_dot_type(products[done].w.ty);
+        // Products are few (2-3): move those of this activation type next to each other.
+        let mut end = done;
+        for i in done..products.len() {
+            if vec_dot_type(products[i].w.ty) == ty {
+                products.swap(end, i);
+                end += 1;
+            }
+        }
+        let w = products[done].w;
         acts.quantize(w.ty, x, n, w.cols, w.cols);
-        *fresh = true;
+        matmul_fused(
+            pool,
+            &mut products[done..end],
+            acts,
+            groups,
+            act_rows,
+            out_rows,
+        );
+        done = end;
     }
 }
 
@@ -236,13 +264,35 @@ impl Model {
         }
         emit(tap, "attn_norm", l, &s.xn, n, d);
 
-        let mut fresh = false;
-        prepare(&mut s.acts, &mut fresh, &layer.wq, &s.xn, n);
-        matmul(pool, &layer.wq, &s.acts, n, &mut s.q, qd);
-        prepare(&mut s.acts, &mut fresh, &layer.wk, &s.xn, n);
-        matmul(pool, &layer.wk, &s.acts, n, &mut s.k, kd);
-        prepare(&mut s.acts, &mut fresh, &layer.wv, &s.xn, n);
-        matmul(pool, &layer.wv, &s.acts, n, &mut s.v, vd);
+        let all = [Group {
+            mat: 0,
+            start: 0,
+            n,
+        }];
+        shared_input_products(
+            pool,
+            &mut s.acts,
+            &s.xn,
+            n,
+            (&all, None, None),
+            &mut [
+                Product {
+                    w: &layer.wq,
+                    out: &mut s.q,
+                    out_stride: qd,
+                },
+                Product {
+                    w: &layer.wk,
+                    out: &mut s.k,
+                    out_stride: kd,
+                },
+                Product {
+                    w: &layer.wv,
+                    out: &mut s.v,
+                    out_stride: vd,
+                },
+            ],
+        );
         for (buf, bias, width) in [
             (&mut s.q, &layer.bq, qd),
             (&mut s.k, &layer.bk, kd),
@@ -332,11 +382,30 @@ impl Model {
         match &layer.ffn {
             Ffn::Dense { gate, up, down } => {
                 let ff = gate.rows;
-                let mut fresh = false;
-                prepare(&mut s.acts, &mut fresh, gate, &s.xn, n);
-                matmul(pool, gate, &s.acts, n, &mut s.ffn_a, ff);
-                prepare(&mut s.acts, &mut fresh, up, &s.xn, n);
-                matmul(pool, up, &s.acts, n, &mut s.ffn_b, ff);
+                let all = [Group {
+                    mat: 0,
+                    start: 0,
+                    n,
+                }];
+                shared_input_products(
+                    pool,
+                    &mut s.acts,
+                    &s.xn,
+                    n,
+                    (&all, None, None),
+                    &mut [
+                        Product {
+                            w: gate,
+                            out: &mut s.ffn_a,
+                            out_stride: ff,
+                        },
+                        Product {
+                            w: up,
+                            out: &mut s.ffn_b,
+                            out_stride: ff,
+                        },
+                    ],
+                );
                 swiglu(&mut s.ffn_a[..n * ff], &s.ffn_b[..n * ff]);
                 s.acts.quantize(down.ty, &s.ffn_a, n, ff, ff);
                 matmul(pool, down, &s.acts, n, &mut s.proj, d);
@@ -443,28 +512,24 @@ impl Model {
             }
         }
 
-        let mut fresh = false;
-        prepare(&mut s.acts, &mut fresh, gate_exps, &s.xn, n);
-        matmul_gather(
+        shared_input_products(
             pool,
-            gate_exps,
-            &s.acts,
-            &s.groups,
-            Some(&s.pair_tok),
-            Some(&s.pair_id),
-            &mut s.ffn_a,
-            ff,
-        );
-        prepare(&mut s.acts, &mut fresh, up_exps, &s.xn, n);
-        matmul_gather(
-            pool,
-            up_exps,
-            &s.acts,
-            &s.groups,
-            Some(&s.pair_tok),
-            Some(&s.pair_id),
-            &mut s.ffn_b,
-            ff,
+            &mut s.acts,
+            &s.xn,
+            n,
+            (&s.groups, Some(&s.pair_tok), Some(&s.pair_id)),
+            &mut [
+                Product {
+                    w: gate_exps,
+                    out: &mut s.ffn_a,
+                    out_stride: ff,
+                },
+                Product {
+                    w: up_exps,
+                    out: &mut s.ffn_b,
+                    out_stride: ff,
+                },
+            ],
         );
         swiglu(&mut s.ffn_a[..n * k * ff], &s.ffn_b[..n * k * ff]);
         s.acts.quantize(down_exps.ty, &s.ffn_a, n * k, ff, ff);

@@ -31,7 +31,7 @@ pub use config::{Config, MoeConfig};
 pub use error::ModelError;
 pub use forward::{Batch, Scratch, Tap};
 pub use kv_cache::{KvCache, KvType};
-pub use matmul::{matmul, matmul_gather, Group, QuantActs};
+pub use matmul::{matmul, matmul_fused, matmul_gather, Group, Product, QuantActs};
 pub use model::Model;
 pub use names::TensorRole;
 pub use threads::ThreadPool;

@@ -93,9 +93,80 @@ const ROWS_PER_TASK: usize = 16;
 /// Activation rows per pass over a weight row.
 const TILE: usize = 8;
 
-/// For every group and every entry `i` of it, and every weight row `r`:
+/// One product of a fused pass: a weight and where its outputs go (row stride `out_stride`).
+pub struct Product<'a> {
+    /// The weight.
+    pub w: &'a Weight,
+    /// The output rows.
+    pub out: &'a mut [f32],
+    /// Elements between consecutive output rows.
+    pub out_stride: usize,
+}
+
+/// For every product, group, entry `i` of the group and weight row `r`:
 /// `out[out_rows[i]][r] = w[mat].row(r) · acts[act_rows[i]]` (a missing list is the identity).
-/// `out` has row stride `out_stride`.
+///
+/// All products share the activations (so their weights share an activation type and width) and run
+/// in one parallel pass: Q, K and V, or an FFN's gate and up, cost one hand-off instead of several.
+pub fn matmul_fused(
+    pool: &ThreadPool,
+    products: &mut [Product],
+    acts: &QuantActs,
+    groups: &[Group],
+    act_rows: Option<&[u32]>,
+    out_rows: Option<&[u32]>,
+) {
+    const MAX_PRODUCTS: usize = 4;
+    assert!(products.len() <= MAX_PRODUCTS);
+    let mut first_task = [0usize; MAX_PRODUCTS + 1];
+    let mut outs = [(SharedMut::dangling(), 0usize); MAX_PRODUCTS];
+    for (i, p) in products.iter_mut().enumerate() {
+        debug_assert_eq!(acts.ty, vec_dot_type(p.w.ty));
+        debug_assert_eq!(acts.cols, p.w.cols);
+        first_task[i + 1] = first_task[i] + groups.len() * p.w.rows.div_ceil(ROWS_PER_TASK);
+        outs[i] = (SharedMut::new(p.out), p.out.len());
+    }
+    let n = products.len();
+    let weights: [Option<(&Weight, usize)>; MAX_PRODUCTS] =
+        std::array::from_fn(|i| products.get(i).map(|p| (p.w, p.out_stride)));
+    pool.run(first_task[n], &|task| {
+        let pi = (0..n)
+            .rfind(|&i| first_task[i] <= task)
+            .expect("task in range");
+        let (w, out_stride) = weights[pi].expect("product present");
+        let (out_ptr, out_len) = outs[pi];
+        let local = task - first_task[pi];
+        let chunks = w.rows.div_ceil(ROWS_PER_TASK);
+        let g = &groups[local / chunks];
+        let r0 = (local % chunks) * ROWS_PER_TASK;
+        let r1 = (r0 + ROWS_PER_TASK).min(w.rows);
+        let mut refs: [&[u8]; TILE] = [&[]; TILE];
+        let mut rows_out: [u32; TILE] = [0; TILE];
+        let mut vals = [0f32; TILE];
+        for r in r0..r1 {
+            let wrow = w.row(g.mat, r);
+            // Several activation rows per pass over the weight row; each result is bit-identical
+            // to the single-row product, so the tile size never changes a value.
+            for start in (g.start..g.start + g.n).step_by(TILE) {
+                let k = (g.start + g.n - start).min(TILE);
+                for j in 0..k {
+                    let idx = start + j;
+                    refs[j] = acts.row(act_rows.map_or(idx, |rows| rows[idx] as usize));
+                    rows_out[j] = out_rows.map_or(idx, |rows| rows[idx] as usize) as u32;
+                }
+                vec_dot_rows(w.ty, w.cols, wrow, &refs[..k], &mut vals[..k]);
+                for j in 0..k {
+                    let at = rows_out[j] as usize * out_stride + r;
+                    assert!(at < out_len);
+                    // SAFETY: each (product, output row, weight row) is written by exactly one task.
+                    unsafe { *out_ptr.ptr().add(at) = vals[j] };
+                }
+            }
+        }
+    });
+}
+
+/// [`matmul_fused`] with one product.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_gather(
     pool: &ThreadPool,
@@ -107,40 +178,14 @@ pub fn matmul_gather(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    debug_assert_eq!(acts.ty, vec_dot_type(w.ty));
-    debug_assert_eq!(acts.cols, w.cols);
-    let chunks = w.rows.div_ceil(ROWS_PER_TASK);
-    let n_tasks = groups.len() * chunks;
-    let out_len = out.len();
-    let out_ptr = SharedMut::new(out);
-    pool.run(n_tasks, &|task| {
-        let g = &groups[task / chunks];
-        let r0 = (task % chunks) * ROWS_PER_TASK;
-        let r1 = (r0 + ROWS_PER_TASK).min(w.rows);
-        let mut refs: [&[u8]; TILE] = [&[]; TILE];
-        let mut outs: [u32; TILE] = [0; TILE];
-        let mut vals = [0f32; TILE];
-        for r in r0..r1 {
-            let wrow = w.row(g.mat, r);
-            // Several activation rows per pass over the weight row; each result is bit-identical
-            // to the single-row product, so the tile size never changes a value.
-            for start in (g.start..g.start + g.n).step_by(TILE) {
-                let k = (g.start + g.n - start).min(TILE);
-                for j in 0..k {
-                    let idx = start + j;
-                    refs[j] = acts.row(act_rows.map_or(idx, |rows| rows[idx] as usize));
-                    outs[j] = out_rows.map_or(idx, |rows| rows[idx] as usize) as u32;
-                }
-                vec_dot_rows(w.ty, w.cols, wrow, &refs[..k], &mut vals[..k]);
-                for j in 0..k {
-                    let at = outs[j] as usize * out_stride + r;
-                    assert!(at < out_len);
-                    // SAFETY: each (output row, weight row) pair is written by exactly one task.
-                    unsafe { *out_ptr.ptr().add(at) = vals[j] };
-                }
-            }
-        }
-    });
+    matmul_fused(
+        pool,
+        &mut [Product { w, out, out_stride }],
+        acts,
+        groups,
+        act_rows,
+        out_rows,
+    );
 }
 
 /// `out[t][r] = w.row(r) · acts[t]` for the first `n` activation rows: a plain dense product.

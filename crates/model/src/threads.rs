@@ -184,6 +184,11 @@ impl<T> SharedMut<T> {
         SharedMut(s.as_mut_ptr())
     }
 
+    /// A placeholder that must not be written through.
+    pub(crate) fn dangling() -> Self {
+        SharedMut(std::ptr::NonNull::dangling().as_ptr())
+    }
+
     /// The raw pointer (a method, so closures capture the `Sync` wrapper, not the field).
     pub(crate) fn ptr(&self) -> *mut T {
         self.0
