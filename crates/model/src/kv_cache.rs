@@ -12,7 +12,9 @@ pub enum KvType {
 }
 
 enum Store {
-    F16(Vec<f16>),
+    // f16 bits: `vec![0u16; n]` is a zeroed allocation the OS maps lazily, where `vec![f16::ZERO; n]`
+    // would write every element and make the whole cache resident up front.
+    F16(Vec<u16>),
     F32(Vec<f32>),
 }
 
@@ -20,7 +22,7 @@ impl Store {
     fn new(ty: KvType, n: usize) -> Store {
         // Zeroed allocations map lazily, so an unused context costs no resident memory.
         match ty {
-            KvType::F16 => Store::F16(vec![f16::ZERO; n]),
+            KvType::F16 => Store::F16(vec![0u16; n]),
             KvType::F32 => Store::F32(vec![0.0; n]),
         }
     }
@@ -30,7 +32,7 @@ impl Store {
             Store::F16(v) => v[at..at + src.len()]
                 .iter_mut()
                 .zip(src)
-                .for_each(|(d, s)| *d = f16::from_f32(*s)),
+                .for_each(|(d, s)| *d = f16::from_f32(*s).to_bits()),
             Store::F32(v) => v[at..at + src.len()].copy_from_slice(src),
         }
     }
@@ -116,7 +118,7 @@ impl KvCache {
     pub(crate) fn keys(&self, seq: usize, layer: usize, len: usize) -> Rows<'_> {
         let s = self.row_index(seq, layer, 0) * self.k_dim;
         match &self.k {
-            Store::F16(v) => Rows::F16(&v[s..s + len * self.k_dim]),
+            Store::F16(v) => Rows::F16(as_f16(&v[s..s + len * self.k_dim])),
             Store::F32(v) => Rows::F32(&v[s..s + len * self.k_dim]),
         }
     }
@@ -125,7 +127,7 @@ impl KvCache {
     pub(crate) fn values(&self, seq: usize, layer: usize, len: usize) -> Rows<'_> {
         let s = self.row_index(seq, layer, 0) * self.v_dim;
         match &self.v {
-            Store::F16(v) => Rows::F16(&v[s..s + len * self.v_dim]),
+            Store::F16(v) => Rows::F16(as_f16(&v[s..s + len * self.v_dim])),
             Store::F32(v) => Rows::F32(&v[s..s + len * self.v_dim]),
         }
     }
@@ -150,4 +152,9 @@ impl KvCache {
             }
         }
     }
+}
+
+fn as_f16(bits: &[u16]) -> &[f16] {
+    // SAFETY: `half::f16` is `repr(transparent)` over `u16`: same size, alignment and validity.
+    unsafe { std::slice::from_raw_parts(bits.as_ptr() as *const f16, bits.len()) }
 }
