@@ -39,6 +39,12 @@ pub struct Args {
 /// Runs `hearth bench`.
 pub fn run(args: Args) -> Result<()> {
     anyhow::ensure!(args.reps > 0, "--repetitions must be at least 1");
+    // Measured before the model is loaded, so its buffer does not add to the peak RSS reported below.
+    let bw = if args.n_gen > 0 {
+        measure_bandwidth(&ThreadPool::new(args.model.n_threads()?))
+    } else {
+        0.0
+    };
     let m = args.model.load()?;
     let model = &m.model;
     let c = &model.config;
@@ -101,11 +107,6 @@ pub fn run(args: Args) -> Result<()> {
     }
 
     let per_token = weight_bytes_per_token(model);
-    let bw = if args.n_gen > 0 {
-        measure_bandwidth(&m.pool)
-    } else {
-        0.0
-    };
     let rss = peak_rss_bytes();
     if args.json {
         let arr: Vec<_> = results
@@ -268,7 +269,7 @@ fn weight_bytes_per_token(model: &Model) -> u64 {
 /// Read bandwidth of this machine with the pool's threads: a streaming sum over a buffer much larger
 /// than the caches, best of a few passes.
 fn measure_bandwidth(pool: &ThreadPool) -> f64 {
-    const BYTES: usize = 1 << 29;
+    const BYTES: usize = 1 << 28;
     let buf: Vec<u64> = (0..BYTES / 8).map(|i| i as u64).collect();
     let parts = pool.n_threads() * 4;
     let chunk = buf.len().div_ceil(parts);
