@@ -173,6 +173,9 @@ impl Backend for Scheduler {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .len();
+        // From the in-flight count, which drops before a request's last event is sent, so a client
+        // that has seen `Done` never sees its sequence still counted as active.
+        s.active = self.in_flight().saturating_sub(s.queued);
         s
     }
 
@@ -480,36 +483,35 @@ impl<'a> Engine<'a> {
                 a.last = None;
             }
         }
+        // Counters first: a client that has seen its last event finds them up to date.
+        let n_prefill = self.tokens.len() - n_decode;
+        {
+            let mut st = self.sh.stats.lock().unwrap_or_else(|e| e.into_inner());
+            st.prompt_tokens += n_prefill as u64;
+            let total = self.tokens.len() as f64;
+            st.prefill_seconds += dt * n_prefill as f64 / total;
+            st.decode_seconds += dt * n_decode as f64 / total;
+            st.kv_used = self.slots.iter().map(|s| s.tokens.len()).sum();
+            st.expert_load.clone_from(&self.expert_load);
+        }
         let n_vocab = self.model.config.n_vocab;
-        let mut generated = 0u64;
         for (r, row) in rows.iter().enumerate() {
             self.row_logits
                 .copy_from_slice(&logits[r * n_vocab..(r + 1) * n_vocab]);
-            generated += self.sample(row.slot) as u64;
+            self.sample(row.slot);
         }
-        let n_prefill = self.tokens.len() - n_decode;
-        let mut st = self.sh.stats.lock().unwrap_or_else(|e| e.into_inner());
-        st.prompt_tokens += n_prefill as u64;
-        st.generated_tokens += generated;
-        let total = self.tokens.len() as f64;
-        st.prefill_seconds += dt * n_prefill as f64 / total;
-        st.decode_seconds += dt * n_decode as f64 / total;
-        st.active = self.slots.iter().filter(|s| s.active.is_some()).count();
-        st.kv_used = self.slots.iter().map(|s| s.tokens.len()).sum();
-        st.expert_load.clone_from(&self.expert_load);
     }
 
     /// Samples the next token of a slot from `row_logits`, emits it and decides whether to go on.
-    /// Returns whether a token was generated.
-    fn sample(&mut self, i: usize) -> bool {
+    fn sample(&mut self, i: usize) {
         let n_ctx = self.sh.cfg.n_ctx;
         let tok = &*self.sh.tokenizer;
         let slot = &mut self.slots[i];
         let Some(a) = slot.active.as_mut() else {
-            return false;
+            return;
         };
         if a.next_prompt < a.req.prompt.len() {
-            return false; // mid-prompt: no sampling yet
+            return; // mid-prompt: no sampling yet
         }
         let lp = a.req.logprobs.map(|k| (self.row_logits.clone(), k));
         let next = a.sampler.sample(&mut self.row_logits, &slot.tokens);
@@ -519,6 +521,11 @@ impl<'a> Engine<'a> {
             finish = Some(FinishReason::Stop);
         } else {
             a.n_gen += 1;
+            self.sh
+                .stats
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .generated_tokens += 1;
             let piece = a.text.push(tok.token_to_piece(next, false));
             match a.stop.push(&piece) {
                 StopResult::Stop(s) => {
@@ -577,6 +584,5 @@ impl<'a> Engine<'a> {
                 (a.sink)(done);
             }
         }
-        true
     }
 }
