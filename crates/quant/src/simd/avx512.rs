@@ -139,7 +139,12 @@ unsafe fn k45_tile<W: K45, const N: usize>(x: &[W], a: &[&[BlockQ8K]; N], out: &
             let dmin = _mm_set1_ps(-(dminx * y.d()));
             acc_m[j] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(prod), acc_m[j]);
         }
-        let hbits = xb.qh().map(|h| _mm256_loadu_si256(h.as_ptr().cast()));
+        // A `match`, not `Option::map`: a closure would not inherit this function's target features.
+        #[allow(clippy::manual_map)]
+        let hbits = match xb.qh() {
+            Some(h) => Some(_mm256_loadu_si256(h.as_ptr().cast())),
+            None => None,
+        };
         let mut sumi = [_mm512_setzero_si512(); N];
         for k in 0..4 {
             let bits = _mm256_loadu_si256(xb.qs()[32 * k..].as_ptr().cast());

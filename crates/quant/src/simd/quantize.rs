@@ -87,10 +87,28 @@ unsafe fn pack32(q: [__m256i; 4]) -> __m256i {
 #[inline(always)]
 unsafe fn q8_block(v: &[__m256; 4], id: f32) -> (__m256i, i32) {
     let idv = _mm256_set1_ps(id);
-    let q: [__m256i; 4] =
-        std::array::from_fn(|k| _mm256_cvtps_epi32(round_away(_mm256_mul_ps(v[k], idv))));
+    // Written out, not `array::from_fn`: a closure does not inherit the caller's target features,
+    // so its intrinsics would become out-of-line calls.
+    let q: [__m256i; 4] = [
+        q8_lane(v[0], idv),
+        q8_lane(v[1], idv),
+        q8_lane(v[2], idv),
+        q8_lane(v[3], idv),
+    ];
     let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
     (pack32(q), hsum_epi32(sum))
+}
+
+#[inline(always)]
+unsafe fn q8_lane(v: __m256, idv: __m256) -> __m256i {
+    _mm256_cvtps_epi32(round_away(_mm256_mul_ps(v, idv)))
+}
+
+#[inline(always)]
+unsafe fn q8k_lane(v: __m256, is: __m256, cap: __m256i) -> __m256i {
+    let r =
+        _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(is, v));
+    _mm256_min_epi32(_mm256_cvtps_epi32(r), cap)
 }
 
 /// Lanes where `|v| < inf` (false for NaN and infinities).
@@ -112,7 +130,13 @@ unsafe fn all_finite(v: &[__m256; 4]) -> bool {
 #[inline(always)]
 unsafe fn load32(x: &[f32]) -> [__m256; 4] {
     assert!(x.len() >= 32);
-    std::array::from_fn(|k| _mm256_loadu_ps(x.as_ptr().add(8 * k)))
+    let p = x.as_ptr();
+    [
+        _mm256_loadu_ps(p),
+        _mm256_loadu_ps(p.add(8)),
+        _mm256_loadu_ps(p.add(16)),
+        _mm256_loadu_ps(p.add(24)),
+    ]
 }
 
 #[inline(always)]
@@ -186,12 +210,12 @@ unsafe fn q8_k(x: &[f32], out: &mut [BlockQ8K]) {
         let cap = _mm256_set1_epi32(127);
         for c in 0..QK_K / 32 {
             let v = load32(&xb[32 * c..]);
-            let q: [__m256i; 4] = std::array::from_fn(|k| {
-                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                    _mm256_mul_ps(is, v[k]),
-                );
-                _mm256_min_epi32(_mm256_cvtps_epi32(r), cap)
-            });
+            let q: [__m256i; 4] = [
+                q8k_lane(v[0], is, cap),
+                q8k_lane(v[1], is, cap),
+                q8k_lane(v[2], is, cap),
+                q8k_lane(v[3], is, cap),
+            ];
             _mm256_storeu_si256(b.qs.as_mut_ptr().add(32 * c).cast(), pack32(q));
         }
         for j in 0..QK_K / 16 {
