@@ -5,7 +5,7 @@
 //! `vec_dot` of a weight row with an activation row. Rows are split across threads, never the
 //! reduction: an element's value does not depend on the thread count, the batch or the tiling.
 
-use hearth_quant::{quantize_row, vec_dot_rows, vec_dot_type, GgmlType};
+use hearth_quant::{quantize_row, vec_dot_matrix, vec_dot_rows, vec_dot_type, GgmlType, Rows};
 
 use crate::threads::{SharedMut, ThreadPool};
 use crate::weights::Weight;
@@ -69,6 +69,17 @@ impl QuantActs {
         &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
+    /// `count` consecutive rows from `start`, back to back (`row_bytes` each).
+    #[inline]
+    pub fn rows(&self, start: usize, count: usize) -> &[u8] {
+        &self.data[start * self.row_bytes..(start + count) * self.row_bytes]
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
     /// Rows held.
     pub fn n_rows(&self) -> usize {
         self.n_rows
@@ -92,6 +103,9 @@ const ROWS_PER_TASK: usize = 16;
 
 /// Activation rows per pass over a weight row.
 const TILE: usize = 8;
+
+/// Activation rows per matrix call in dense products.
+const TOKENS_PER_CALL: usize = 32;
 
 /// One product of a fused pass: a weight and where its outputs go (row stride `out_stride`).
 pub struct Product<'a> {
@@ -140,6 +154,36 @@ pub fn matmul_fused(
         let g = &groups[local / chunks];
         let r0 = (local % chunks) * ROWS_PER_TASK;
         let r1 = (r0 + ROWS_PER_TASK).min(w.rows);
+        if act_rows.is_none() && out_rows.is_none() {
+            // Dense rows: one matrix call per block of tokens, so the per-call checks and dispatch
+            // are paid once per block rather than once per weight row.
+            let rb = w.row_bytes;
+            let base = g.mat * w.rows;
+            let w_rows = Rows::packed(&w.bytes()[(base + r0) * rb..(base + r1) * rb], rb);
+            let nr = r1 - r0;
+            let mut buf = [0f32; ROWS_PER_TASK * TOKENS_PER_CALL];
+            for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
+                let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
+                let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
+                vec_dot_matrix(
+                    w.ty,
+                    w.cols,
+                    w_rows,
+                    a,
+                    &mut buf[..(k - 1) * ROWS_PER_TASK + nr],
+                    ROWS_PER_TASK,
+                );
+                for j in 0..k {
+                    let at = (j0 + j) * out_stride + r0;
+                    assert!(at + nr <= out_len);
+                    for i in 0..nr {
+                        // SAFETY: each (product, output row, weight row) is written by exactly one task.
+                        unsafe { *out_ptr.ptr().add(at + i) = buf[j * ROWS_PER_TASK + i] };
+                    }
+                }
+            }
+            return;
+        }
         let mut refs: [&[u8]; TILE] = [&[]; TILE];
         let mut rows_out: [u32; TILE] = [0; TILE];
         let mut vals = [0f32; TILE];
