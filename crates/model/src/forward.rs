@@ -14,7 +14,7 @@ use crate::error::ModelError;
 use crate::kv_cache::{KvCache, Rows};
 use crate::matmul::{matmul, matmul_fused, matmul_gather, Group, Product, QuantActs};
 use crate::model::Model;
-use crate::ops::{add_assign, rms_norm, rms_norm_into, softmax, swiglu};
+use crate::ops::{add_assign, rms_norm, rms_norm_into, rms_norm_rows, softmax, swiglu};
 use crate::threads::{SharedMut, ThreadPool};
 use crate::weights::{Ffn, Layer, Weight};
 
@@ -254,14 +254,12 @@ impl Model {
         let n = b.tokens.len();
         let d = c.n_embd;
         let (qd, kd, vd, hd) = (c.q_dim(), c.k_dim(), c.v_dim(), c.head_dim);
-        for t in 0..n {
-            rms_norm_into(
-                &mut s.xn[t * d..(t + 1) * d],
-                &s.x[t * d..(t + 1) * d],
-                &layer.attn_norm,
-                c.rms_eps,
-            );
-        }
+        rms_norm_rows(
+            &mut s.xn[..n * d],
+            &s.x[..n * d],
+            &layer.attn_norm,
+            c.rms_eps,
+        );
         emit(tap, "attn_norm", l, &s.xn, n, d);
 
         let all = [Group {
@@ -370,14 +368,12 @@ impl Model {
     ) {
         let c = &self.config;
         let d = c.n_embd;
-        for t in 0..n {
-            rms_norm_into(
-                &mut s.xn[t * d..(t + 1) * d],
-                &s.x[t * d..(t + 1) * d],
-                &layer.ffn_norm,
-                c.rms_eps,
-            );
-        }
+        rms_norm_rows(
+            &mut s.xn[..n * d],
+            &s.x[..n * d],
+            &layer.ffn_norm,
+            c.rms_eps,
+        );
         emit(tap, "ffn_norm", l, &s.xn, n, d);
         match &layer.ffn {
             Ffn::Dense { gate, up, down } => {

@@ -19,6 +19,14 @@ pub fn rms_norm_into(dst: &mut [f32], src: &[f32], weight: &[f32], eps: f32) {
     }
 }
 
+/// RMSNorm of every row of `src` (rows of `weight.len()`) into the same rows of `dst`.
+pub fn rms_norm_rows(dst: &mut [f32], src: &[f32], weight: &[f32], eps: f32) {
+    let d = weight.len();
+    for (o, x) in dst.chunks_exact_mut(d).zip(src.chunks_exact(d)) {
+        rms_norm_into(o, x, weight, eps);
+    }
+}
+
 fn rms_scale(x: &[f32], eps: f32) -> f32 {
     let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
     let mean = (sum / x.len() as f64) as f32;
