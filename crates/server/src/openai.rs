@@ -49,6 +49,28 @@ pub struct ChatRequest {
     pub max_tokens: Option<i64>,
     /// Token budget.
     pub max_completion_tokens: Option<i64>,
+    /// Sampling settings.
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    /// Stop strings.
+    pub stop: Option<StopField>,
+    /// Choices.
+    pub n: Option<i64>,
+    /// Return log-probabilities.
+    pub logprobs: Option<bool>,
+    /// Alternatives per token.
+    pub top_logprobs: Option<i64>,
+    /// Tool definitions.
+    pub tools: Option<Vec<Value>>,
+    /// `"none"` hides the tools from the template.
+    pub tool_choice: Option<Value>,
+    /// Extra template variables (`enable_thinking`…).
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+}
+
+/// The sampling fields both OpenAI request kinds share.
+#[derive(Deserialize, Debug, Default)]
+pub struct SamplingFields {
     /// Temperature.
     pub temperature: Option<f64>,
     /// Top-p.
@@ -65,22 +87,30 @@ pub struct ChatRequest {
     pub repetition_penalty: Option<f64>,
     /// Seed.
     pub seed: Option<i64>,
-    /// Stop strings.
-    pub stop: Option<StopField>,
-    /// Choices.
-    pub n: Option<i64>,
-    /// Return log-probabilities.
-    pub logprobs: Option<bool>,
-    /// Alternatives per token.
-    pub top_logprobs: Option<i64>,
     /// Token id → bias.
     pub logit_bias: Option<Map<String, Value>>,
-    /// Tool definitions.
-    pub tools: Option<Vec<Value>>,
-    /// `"none"` hides the tools from the template.
-    pub tool_choice: Option<Value>,
-    /// Extra template variables (`enable_thinking`…).
-    pub chat_template_kwargs: Option<Map<String, Value>>,
+}
+
+impl SamplingFields {
+    /// The settings, validated (a bad value is a 400 naming it).
+    fn sampling(&self, l: &Loaded) -> Result<Sampling, ApiError> {
+        let sampling = Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repeat_penalty: self.repetition_penalty,
+            seed: self.seed,
+            logit_bias: match &self.logit_bias {
+                Some(m) => gen::logit_bias(API, m, l.info().n_vocab)?,
+                None => Vec::new(),
+            },
+        };
+        sampling.config(API, 0)?;
+        Ok(sampling)
+    }
 }
 
 /// The fields of a completion request that Hearth reads.
@@ -96,30 +126,15 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     /// Token budget.
     pub max_tokens: Option<i64>,
-    /// Temperature.
-    pub temperature: Option<f64>,
-    /// Top-p.
-    pub top_p: Option<f64>,
-    /// Top-k.
-    pub top_k: Option<i64>,
-    /// Min-p.
-    pub min_p: Option<f64>,
-    /// Presence penalty.
-    pub presence_penalty: Option<f64>,
-    /// Frequency penalty.
-    pub frequency_penalty: Option<f64>,
-    /// Repetition penalty.
-    pub repetition_penalty: Option<f64>,
-    /// Seed.
-    pub seed: Option<i64>,
+    /// Sampling settings.
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
     /// Stop strings.
     pub stop: Option<StopField>,
     /// Choices.
     pub n: Option<i64>,
     /// Alternatives per token (0..=5 in OpenAI's legacy API; up to 20 here).
     pub logprobs: Option<i64>,
-    /// Token id → bias.
-    pub logit_bias: Option<Map<String, Value>>,
 }
 
 /// The number of choices, 1..=parallel.
@@ -267,21 +282,7 @@ pub async fn chat(
     };
     let k = top_logprobs(req.top_logprobs)?;
     let logprobs = req.logprobs.unwrap_or(false).then_some(k);
-    let sampling = Sampling {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        presence_penalty: req.presence_penalty,
-        frequency_penalty: req.frequency_penalty,
-        repeat_penalty: req.repetition_penalty,
-        seed: req.seed,
-        logit_bias: match &req.logit_bias {
-            Some(m) => gen::logit_bias(API, m, l.info().n_vocab)?,
-            None => Vec::new(),
-        },
-    };
-    sampling.config(API, 0)?;
+    let sampling = req.sampling.sampling(&l)?;
     let tools = match req.tool_choice.as_ref().and_then(Value::as_str) {
         Some("none") => None,
         _ => req.tools.filter(|t| !t.is_empty()),
@@ -606,21 +607,7 @@ pub async fn completions(
             ))
         }
     };
-    let sampling = Sampling {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        min_p: req.min_p,
-        presence_penalty: req.presence_penalty,
-        frequency_penalty: req.frequency_penalty,
-        repeat_penalty: req.repetition_penalty,
-        seed: req.seed,
-        logit_bias: match &req.logit_bias {
-            Some(m) => gen::logit_bias(API, m, l.info().n_vocab)?,
-            None => Vec::new(),
-        },
-    };
-    sampling.config(API, 0)?;
+    let sampling = req.sampling.sampling(&l)?;
     let plan = Plan {
         prompt: completion_prompt(&l, &req.prompt)?,
         max_tokens,
