@@ -262,11 +262,7 @@ impl Model {
         );
         emit(tap, "attn_norm", l, &s.xn, n, d);
 
-        let all = [Group {
-            mat: 0,
-            start: 0,
-            n,
-        }];
+        let all = [Group::all(n)];
         shared_input_products(
             pool,
             &mut s.acts,
@@ -378,11 +374,7 @@ impl Model {
         match &layer.ffn {
             Ffn::Dense { gate, up, down } => {
                 let ff = gate.rows;
-                let all = [Group {
-                    mat: 0,
-                    start: 0,
-                    n,
-                }];
+                let all = [Group::all(n)];
                 shared_input_products(
                     pool,
                     &mut s.acts,

@@ -98,6 +98,17 @@ pub struct Group {
     pub n: usize,
 }
 
+impl Group {
+    /// The single group of a dense product: matrix 0 over rows `0..n`.
+    pub fn all(n: usize) -> Group {
+        Group {
+            mat: 0,
+            start: 0,
+            n,
+        }
+    }
+}
+
 /// Output rows computed per task: enough to amortise a task, small enough to balance the threads.
 const ROWS_PER_TASK: usize = 16;
 
@@ -241,18 +252,5 @@ pub fn matmul(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    matmul_gather(
-        pool,
-        w,
-        acts,
-        &[Group {
-            mat: 0,
-            start: 0,
-            n,
-        }],
-        None,
-        None,
-        out,
-        out_stride,
-    );
+    matmul_gather(pool, w, acts, &[Group::all(n)], None, None, out, out_stride);
 }
