@@ -11,6 +11,8 @@ pub struct Session<'m> {
     tokens: Vec<u32>, // [n_past] tokens whose K/V are in the cache
     logits: Vec<f32>, // [n_vocab] after the last token
     pos: Vec<usize>,  // [n_batch] scratch for batch positions
+    seq: Vec<usize>,  // [n_batch] all zeros: the one sequence slot
+    want: Vec<bool>,  // [n_batch] logits only after the last token of a chunk
 }
 
 impl<'m> Session<'m> {
@@ -31,6 +33,8 @@ impl<'m> Session<'m> {
             tokens: Vec::with_capacity(n_ctx),
             logits: vec![0.0; c.n_vocab],
             pos: Vec::with_capacity(n_batch),
+            seq: vec![0; n_batch],
+            want: Vec::with_capacity(n_batch),
         }
     }
 
@@ -99,14 +103,14 @@ impl<'m> Session<'m> {
             let start = self.tokens.len();
             self.pos.clear();
             self.pos.extend(start..start + chunk.len());
-            let seq = vec![0usize; chunk.len()];
-            let mut want = vec![false; chunk.len()];
-            want[chunk.len() - 1] = true;
+            self.want.clear();
+            self.want.resize(chunk.len(), false);
+            self.want[chunk.len() - 1] = true;
             let batch = Batch {
                 tokens: chunk,
                 pos: &self.pos,
-                seq: &seq,
-                logits: &want,
+                seq: &self.seq[..chunk.len()],
+                logits: &self.want,
             };
             let out =
                 self.model
