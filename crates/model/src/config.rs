@@ -111,12 +111,12 @@ impl Config {
             ("attention.key_length", head_dim),
             ("attention.value_length", head_dim_v),
         ] {
-            if d > crate::forward::MAX_HEAD_DIM {
+            if d > crate::attention::MAX_HEAD_DIM {
                 return Err(ModelError::Hyperparameter {
                     key: key(k),
                     detail: Some(format!(
                         "head dimension {d} is larger than the {} supported",
-                        crate::forward::MAX_HEAD_DIM
+                        crate::attention::MAX_HEAD_DIM
                     )),
                 });
             }

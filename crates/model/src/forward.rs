@@ -5,17 +5,15 @@
 //! reduce each output element in a fixed order, attention reads only the row's own sequence, and the
 //! routed FFN computes each (token, expert) pair independently of how tokens are grouped.
 
-use half::f16;
-use hearth_quant::{dequantize_row, vec_dot, vec_dot_type, GgmlType};
+use hearth_quant::{dequantize_row, vec_dot_type};
 
-use crate::attn_kernels::{axpy_f16, axpy_f32};
-
+use crate::attention::{attend, AttnRows};
 use crate::error::ModelError;
-use crate::kv_cache::{KvCache, Rows};
+use crate::kv_cache::KvCache;
 use crate::matmul::{matmul, matmul_fused, matmul_gather, Group, Product, QuantActs};
 use crate::model::Model;
 use crate::ops::{add_assign, rms_norm, rms_norm_into, rms_norm_rows, softmax, swiglu};
-use crate::threads::{SharedMut, ThreadPool};
+use crate::threads::ThreadPool;
 use crate::weights::{Ffn, Layer, Weight};
 
 /// Tokens to run, with where each one goes.
@@ -61,8 +59,9 @@ pub struct Scratch {
     cos: Vec<f32>,      // [T, n_rot / 2]
     sin: Vec<f32>,      // [T, n_rot / 2]
     acts: QuantActs,
-    out_rows: Vec<usize>, // [T] batch rows whose logits are wanted
-    logits: Vec<f32>,     // [T, n_vocab]
+    out_rows: Vec<usize>,         // [T] batch rows whose logits are wanted
+    attn_blocks: Vec<(u32, u32)>, // attention tasks' row ranges
+    logits: Vec<f32>,             // [T, n_vocab]
 }
 
 impl Scratch {
@@ -101,6 +100,7 @@ impl Scratch {
             sin: vec![0.0; t * c.rope.n_rot / 2],
             acts: QuantActs::with_capacity(t * k, widest),
             out_rows: Vec::with_capacity(t),
+            attn_blocks: Vec::with_capacity(t),
             logits: vec![0.0; t * c.n_vocab],
         }
     }
@@ -340,7 +340,12 @@ impl Model {
                 &s.v[t * vd..(t + 1) * vd],
             );
         }
-        attend(pool, c, kv, s, b, l);
+        let rows = AttnRows {
+            q: &s.q,
+            pos: b.pos,
+            seq: b.seq,
+        };
+        attend(pool, c, kv, l, &rows, &mut s.attn_blocks, &mut s.attn);
         let od = c.n_head * c.head_dim_v;
         emit(tap, "kqv_out", l, &s.attn, n, od);
 
@@ -558,89 +563,4 @@ fn emit(
     if let Some(tap) = tap.as_deref_mut() {
         tap.tensor(name, Some(layer), &data[..rows * cols], rows, cols);
     }
-}
-
-/// Causal grouped-query attention of every batch row over its own sequence's cache, one task per
-/// (token, head), with an online softmax over positions `0..=pos` in order. As llama.cpp's flash
-/// attention, Q is converted to the cache's type for the K·Q products.
-fn attend(
-    pool: &ThreadPool,
-    c: &crate::config::Config,
-    kv: &KvCache,
-    s: &mut Scratch,
-    b: &Batch,
-    l: usize,
-) {
-    let n = b.tokens.len();
-    let (hd, hdv, qd, kd, vd) = (c.head_dim, c.head_dim_v, c.q_dim(), c.k_dim(), c.v_dim());
-    let group = c.n_head / c.n_head_kv;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let q = &s.q;
-    let od = c.n_head * hdv;
-    let out = SharedMut::new(&mut s.attn[..n * od]);
-    pool.run(n * c.n_head, &|task| {
-        let (t, h) = (task / c.n_head, task % c.n_head);
-        let kvh = h / group;
-        let len = b.pos[t] + 1;
-        let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-        // Q in the cache's element type, as bytes for `vec_dot`: [hd] f16 or f32.
-        let mut q_buf = [0u8; 4 * MAX_HEAD_DIM];
-        let keys = kv.keys(b.seq[t], l, len);
-        let (q_ty, q_bytes) = match keys {
-            Rows::F16(_) => {
-                for (i, x) in qh.iter().enumerate() {
-                    q_buf[2 * i..2 * i + 2].copy_from_slice(&f16::from_f32(*x).to_le_bytes());
-                }
-                (GgmlType::F16, &q_buf[..2 * hd])
-            }
-            Rows::F32(_) => {
-                for (i, x) in qh.iter().enumerate() {
-                    q_buf[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes());
-                }
-                (GgmlType::F32, &q_buf[..4 * hd])
-            }
-        };
-        // SAFETY: each (token, head) output slice is written by exactly one task.
-        let o = unsafe { out.slice(t * od + h * hdv, hdv) };
-        o.fill(0.0);
-        let (mut mx, mut sum) = (f32::NEG_INFINITY, 0f32);
-        let vals = kv.values(b.seq[t], l, len);
-        for j in 0..len {
-            let k_bytes = match &keys {
-                Rows::F16(k) => f16_bytes(&k[j * kd + kvh * hd..j * kd + (kvh + 1) * hd]),
-                Rows::F32(k) => f32_bytes(&k[j * kd + kvh * hd..j * kd + (kvh + 1) * hd]),
-            };
-            let score = vec_dot(q_ty, hd, k_bytes, q_bytes) * scale;
-            let (ms, vs) = if score > mx {
-                let ms = (mx - score).exp();
-                mx = score;
-                (ms, 1.0)
-            } else {
-                (1.0, (score - mx).exp())
-            };
-            if ms != 1.0 {
-                o.iter_mut().for_each(|x| *x *= ms);
-            }
-            sum = sum * ms + vs;
-            match &vals {
-                Rows::F16(v) => axpy_f16(o, vs, &v[j * vd + kvh * hdv..j * vd + (kvh + 1) * hdv]),
-                Rows::F32(v) => axpy_f32(o, vs, &v[j * vd + kvh * hdv..j * vd + (kvh + 1) * hdv]),
-            }
-        }
-        let inv = 1.0 / sum;
-        o.iter_mut().for_each(|x| *x *= inv);
-    });
-}
-
-/// Largest head dimension the attention buffers hold.
-pub(crate) const MAX_HEAD_DIM: usize = 512;
-
-fn f16_bytes(x: &[f16]) -> &[u8] {
-    // SAFETY: f16 is two plain bytes; the view has the same lifetime and length in bytes.
-    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 2) }
-}
-
-fn f32_bytes(x: &[f32]) -> &[u8] {
-    // SAFETY: f32 is four plain bytes; the view has the same lifetime and length in bytes.
-    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 4) }
 }

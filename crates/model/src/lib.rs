@@ -13,7 +13,7 @@
 #![deny(missing_docs)]
 
 pub mod arch;
-mod attn_kernels;
+mod attention;
 mod config;
 mod error;
 mod forward;

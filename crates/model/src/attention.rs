@@ -1,0 +1,454 @@
+//! Causal grouped-query attention over the KV cache, tiled for the caches.
+//!
+//! One task covers a block of up to [`ROWS_PER_TASK`] consecutive batch rows of one sequence and one
+//! KV head (with all the query heads that share it, or one of them when there would be too few tasks
+//! to keep the threads busy). Keys and values are read in blocks of [`KEYS`] positions, converted to
+//! f32 once per task and block and reused by every (row, head) of the task; keys are transposed, so
+//! the scores of a query against a whole block are `head_dim` vector FMAs without horizontal sums.
+//!
+//! Each (row, head) runs an online softmax over its own positions `0..=pos`, block by block from
+//! position 0. An element's operations and their order depend only on that row's query, position
+//! and cache: not on the other rows of the task, the batch, the chunking of a prefill, the thread
+//! count or the SIMD level. The arithmetic is f32 with fused multiply-adds (`mul_add`, exactly
+//! rounded on every target) and a polynomial `exp`, so the AVX-512, AVX2 and scalar builds of the
+//! block kernel agree bit for bit. As llama.cpp's flash attention, Q is rounded to the cache's type
+//! for the K·Q products when the cache holds f16.
+
+use std::cell::RefCell;
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use hearth_quant::Level;
+
+use crate::config::Config;
+use crate::kv_cache::{KvCache, Rows};
+use crate::threads::{SharedMut, ThreadPool};
+
+/// Key positions per block (the score vector of one query against one block).
+pub(crate) const KEYS: usize = 64;
+
+/// Batch rows of one sequence per task.
+const ROWS_PER_TASK: usize = 16;
+
+/// Largest head dimension the attention buffers hold.
+pub(crate) const MAX_HEAD_DIM: usize = 512;
+
+/// Per-thread buffers of a task, grown on first use and reused after.
+#[derive(Default)]
+struct TaskBufs {
+    kt: Vec<f32>,    // [head_dim, KEYS] the block's keys, transposed
+    vals: Vec<f32>,  // [KEYS, head_dim_v] the block's values
+    q: Vec<f32>,     // [rows * heads, head_dim] queries (rounded to the cache type)
+    state: Vec<f32>, // [rows * heads, head_dim_v + 2] output accumulator, running max, running sum
+}
+
+thread_local! {
+    static BUFS: RefCell<TaskBufs> = RefCell::new(TaskBufs::default());
+}
+
+fn grow(v: &mut Vec<f32>, len: usize) {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+}
+
+/// Where the rows of one attention call come from.
+pub(crate) struct AttnRows<'a> {
+    /// Queries `[n, n_head * head_dim]`.
+    pub q: &'a [f32],
+    /// Position of each row.
+    pub pos: &'a [usize],
+    /// Sequence of each row.
+    pub seq: &'a [usize],
+}
+
+/// Attention of every row over its own sequence's cache at layer `l`, written to `out`
+/// (`[n, n_head * head_dim_v]`). `blocks` is scratch for the task list.
+pub(crate) fn attend(
+    pool: &ThreadPool,
+    c: &Config,
+    kv: &KvCache,
+    l: usize,
+    r: &AttnRows,
+    blocks: &mut Vec<(u32, u32)>,
+    out: &mut [f32],
+) {
+    let n = r.pos.len();
+    let (hd, hdv) = (c.head_dim, c.head_dim_v);
+    let (qd, od) = (c.q_dim(), c.n_head * hdv);
+    let (kd, vd) = (c.k_dim(), c.v_dim());
+    let group = c.n_head / c.n_head_kv;
+    assert!(hd <= MAX_HEAD_DIM && hdv <= MAX_HEAD_DIM);
+    // Runs of consecutive rows of one sequence, cut every ROWS_PER_TASK rows.
+    blocks.clear();
+    let mut t = 0;
+    while t < n {
+        let mut e = t + 1;
+        while e < n && r.seq[e] == r.seq[t] && e - t < ROWS_PER_TASK {
+            e += 1;
+        }
+        blocks.push((t as u32, e as u32));
+        t = e;
+    }
+    // Split a KV head's query heads over tasks only when there would be too few tasks otherwise.
+    let split = if blocks.len() * c.n_head_kv < 4 * pool.n_threads() {
+        group
+    } else {
+        1
+    };
+    let hpt = group / split; // query heads per task
+    let n_tasks = blocks.len() * c.n_head_kv * split;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let blocks = &blocks[..];
+    let out = SharedMut::new(&mut out[..n * od]);
+    let level = hearth_quant::kernel_level();
+    pool.run(n_tasks, &|task| {
+        // Later blocks of a prefill see more keys: hand them out first.
+        let b = blocks.len() - 1 - task / (c.n_head_kv * split);
+        let kvh = task / split % c.n_head_kv;
+        let h0 = kvh * group + task % split * hpt;
+        let (t0, t1) = (blocks[b].0 as usize, blocks[b].1 as usize);
+        let s = r.seq[t0];
+        let max_len = (t0..t1).map(|t| r.pos[t] + 1).max().unwrap_or(0);
+        let keys = kv.keys(s, l, max_len);
+        let values = kv.values(s, l, max_len);
+        BUFS.with(|bufs| {
+            let bufs = &mut *bufs.borrow_mut();
+            let nq = (t1 - t0) * hpt;
+            let sw = hdv + 2;
+            grow(&mut bufs.kt, hd * KEYS);
+            grow(&mut bufs.vals, KEYS * hdv);
+            grow(&mut bufs.q, nq * hd);
+            grow(&mut bufs.state, nq * sw);
+            let TaskBufs {
+                kt,
+                vals,
+                q: qs,
+                state,
+            } = bufs;
+            for (i, t) in (t0..t1).enumerate() {
+                for j in 0..hpt {
+                    let h = h0 + j;
+                    let src = &r.q[t * qd + h * hd..t * qd + (h + 1) * hd];
+                    let dst = &mut qs[(i * hpt + j) * hd..][..hd];
+                    if matches!(keys, Rows::F16(_)) {
+                        for (d, x) in dst.iter_mut().zip(src) {
+                            *d = f16::from_f32(*x).to_f32();
+                        }
+                    } else {
+                        dst.copy_from_slice(src);
+                    }
+                    let st = &mut state[(i * hpt + j) * sw..][..sw];
+                    st.fill(0.0);
+                    st[hdv] = f32::NEG_INFINITY;
+                }
+            }
+            for k0 in (0..max_len).step_by(KEYS) {
+                let kn = KEYS.min(max_len - k0);
+                // Keys transposed (zeros past the cache's end) and values, as f32.
+                let mut row = [0f32; MAX_HEAD_DIM];
+                for k in 0..KEYS {
+                    if k < kn {
+                        let at = (k0 + k) * kd + kvh * hd;
+                        to_f32(&keys, at, &mut row[..hd]);
+                    } else {
+                        row[..hd].fill(0.0);
+                    }
+                    for (d, x) in row[..hd].iter().enumerate() {
+                        kt[d * KEYS + k] = *x;
+                    }
+                }
+                for k in 0..kn {
+                    to_f32(
+                        &values,
+                        (k0 + k) * vd + kvh * hdv,
+                        &mut vals[k * hdv..(k + 1) * hdv],
+                    );
+                }
+                for (i, t) in (t0..t1).enumerate() {
+                    let len = r.pos[t] + 1;
+                    if len <= k0 {
+                        continue;
+                    }
+                    let kc = KEYS.min(len - k0);
+                    for j in 0..hpt {
+                        let qi = i * hpt + j;
+                        block(
+                            level,
+                            &kt[..hd * KEYS],
+                            &vals[..kc * hdv],
+                            kc,
+                            &qs[qi * hd..(qi + 1) * hd],
+                            scale,
+                            &mut state[qi * sw..(qi + 1) * sw],
+                        );
+                    }
+                }
+            }
+            for (i, t) in (t0..t1).enumerate() {
+                for j in 0..hpt {
+                    let st = &state[(i * hpt + j) * sw..][..sw];
+                    let inv = 1.0 / st[hdv + 1];
+                    // SAFETY: each (row, head) output slice is written by exactly one task.
+                    let o = unsafe { out.slice(t * od + (h0 + j) * hdv, hdv) };
+                    for (o, x) in o.iter_mut().zip(&st[..hdv]) {
+                        *o = x * inv;
+                    }
+                }
+            }
+        });
+    });
+}
+
+/// Elements `at..at + dst.len()` of a cache row set, as f32.
+fn to_f32(rows: &Rows, at: usize, dst: &mut [f32]) {
+    match rows {
+        Rows::F16(x) => x[at..at + dst.len()].convert_to_f32_slice(dst),
+        Rows::F32(x) => dst.copy_from_slice(&x[at..at + dst.len()]),
+    }
+}
+
+/// One block of keys for one query: the scores `q · k * scale` of the first `kc` keys of the block
+/// (`kt`: `[head_dim, KEYS]`), then the online-softmax update of `state` (`[head_dim_v]` output
+/// accumulator, running max, running sum) with the block's values (`vals`: `[kc, head_dim_v]`).
+fn block(
+    level: Level,
+    kt: &[f32],
+    vals: &[f32],
+    kc: usize,
+    q: &[f32],
+    scale: f32,
+    state: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match level {
+            // SAFETY: the level is at most what the CPU supports (hearth_quant checks).
+            Level::Avx512 => return unsafe { block_avx512(kt, vals, kc, q, scale, state) },
+            Level::Avx2 => return unsafe { block_avx2(kt, vals, kc, q, scale, state) },
+            Level::Scalar => {}
+        }
+    }
+    let _ = level;
+    block_body(kt, vals, kc, q, scale, state)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn block_avx512(
+    kt: &[f32],
+    vals: &[f32],
+    kc: usize,
+    q: &[f32],
+    scale: f32,
+    state: &mut [f32],
+) {
+    block_body(kt, vals, kc, q, scale, state)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_avx2(
+    kt: &[f32],
+    vals: &[f32],
+    kc: usize,
+    q: &[f32],
+    scale: f32,
+    state: &mut [f32],
+) {
+    block_body(kt, vals, kc, q, scale, state)
+}
+
+/// Output elements accumulated in registers at a time.
+const OUT_CHUNK: usize = 32;
+
+#[inline(always)]
+fn block_body(kt: &[f32], vals: &[f32], kc: usize, q: &[f32], scale: f32, state: &mut [f32]) {
+    let hd = q.len();
+    let hdv = state.len() - 2;
+    assert!((1..=KEYS).contains(&kc) && kt.len() == hd * KEYS && vals.len() == kc * hdv);
+    // Scores: for each key lane, one FMA chain over the head dimension in order.
+    let mut s = [0f32; KEYS];
+    for (d, &qd) in q.iter().enumerate() {
+        let col: &[f32; KEYS] = kt[d * KEYS..(d + 1) * KEYS].try_into().expect("KEYS wide");
+        for k in 0..KEYS {
+            s[k] = qd.mul_add(col[k], s[k]);
+        }
+    }
+    let mut bmax = f32::NEG_INFINITY;
+    for x in &mut s[..kc] {
+        *x *= scale;
+        bmax = bmax.max(*x);
+    }
+    let (m, sum) = (state[hdv], state[hdv + 1]);
+    let m_new = m.max(bmax);
+    let alpha = exp(m - m_new);
+    let mut p = [0f32; KEYS];
+    for k in 0..KEYS {
+        p[k] = exp(s[k] - m_new);
+    }
+    let mut sum = sum * alpha;
+    for &x in &p[..kc] {
+        sum += x;
+    }
+    state[hdv] = m_new;
+    state[hdv + 1] = sum;
+    // o = o * alpha + Σ_k p_k v_k, each element's chain over the keys in order.
+    let o = &mut state[..hdv];
+    let mut e0 = 0;
+    while e0 + OUT_CHUNK <= hdv {
+        let mut acc: [f32; OUT_CHUNK] = o[e0..e0 + OUT_CHUNK].try_into().expect("chunk");
+        for x in &mut acc {
+            *x *= alpha;
+        }
+        for (k, &pk) in p[..kc].iter().enumerate() {
+            let v: &[f32; OUT_CHUNK] = vals[k * hdv + e0..k * hdv + e0 + OUT_CHUNK]
+                .try_into()
+                .expect("chunk");
+            for i in 0..OUT_CHUNK {
+                acc[i] = pk.mul_add(v[i], acc[i]);
+            }
+        }
+        o[e0..e0 + OUT_CHUNK].copy_from_slice(&acc);
+        e0 += OUT_CHUNK;
+    }
+    for e in e0..hdv {
+        let mut acc = o[e] * alpha;
+        for (k, &pk) in p[..kc].iter().enumerate() {
+            acc = pk.mul_add(vals[k * hdv + e], acc);
+        }
+        o[e] = acc;
+    }
+}
+
+/// `e^x` for `x <= 0` (as attention uses it; larger `x` saturate at `e^88`), within 2 ulp, with the
+/// same operations on every target: `x = n ln 2 + r`, a degree-6 polynomial for `e^r` (Cephes'
+/// `expf` coefficients) and `2^n` from the exponent bits. Below -87.3 the result is 0.
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let xc = x.clamp(-87.3, 88.0);
+    let shifted = xc.mul_add(LOG2E, MAGIC);
+    let n = shifted - MAGIC;
+    let ni = shifted.to_bits() as i32 - MAGIC.to_bits() as i32;
+    let r = n.mul_add(-LN2_HI, xc);
+    let r = n.mul_add(-LN2_LO, r);
+    let mut y = 1.987_569_1e-4f32;
+    y = y.mul_add(r, 1.398_199_9e-3);
+    y = y.mul_add(r, 8.333_452e-3);
+    y = y.mul_add(r, 4.166_579_6e-2);
+    y = y.mul_add(r, 0.166_666_65);
+    y = y.mul_add(r, 0.5);
+    y = y.mul_add(r * r, r + 1.0);
+    let pow2 = f32::from_bits(((ni + 127) as u32) << 23);
+    if x < -87.3 {
+        0.0
+    } else {
+        y * pow2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_close_to_std() {
+        let mut worst = 0f64;
+        let mut x = -90.0f32;
+        while x <= 0.0 {
+            let want = (x as f64).exp();
+            let got = exp(x) as f64;
+            if want > 1e-37 {
+                worst = worst.max(((got - want) / want).abs());
+            } else {
+                assert!(got < 2e-37, "exp({x}) = {got}");
+            }
+            x += 0.001_37;
+        }
+        assert!(worst < 3e-7, "worst relative error {worst}");
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+    }
+
+    #[test]
+    fn block_kernels_agree_bit_for_bit() {
+        let (hd, hdv) = (72, 40);
+        let kt: Vec<f32> = (0..hd * KEYS).map(|i| ((i as f32) * 0.37).sin()).collect();
+        let vals: Vec<f32> = (0..KEYS * hdv).map(|i| ((i as f32) * 0.11).cos()).collect();
+        let q: Vec<f32> = (0..hd).map(|i| ((i as f32) * 0.7).sin() * 2.0).collect();
+        for kc in [1, 5, 17, KEYS] {
+            let mut want = vec![0f32; hdv + 2];
+            want[hdv] = f32::NEG_INFINITY;
+            block_body(&kt, &vals[..kc * hdv], kc, &q, 0.125, &mut want);
+            block_body(&kt, &vals[..kc * hdv], kc, &q, 0.125, &mut want);
+            for level in hearth_quant::simd::available_levels() {
+                let mut got = vec![0f32; hdv + 2];
+                got[hdv] = f32::NEG_INFINITY;
+                block(level, &kt, &vals[..kc * hdv], kc, &q, 0.125, &mut got);
+                block(level, &kt, &vals[..kc * hdv], kc, &q, 0.125, &mut got);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "level {level}, kc {kc}");
+            }
+        }
+    }
+
+    #[test]
+    fn block_is_softmax_attention() {
+        // Two blocks of one query against 70 keys equal a direct softmax-weighted sum (f64).
+        let (hd, hdv, n) = (16, 8, 70);
+        let keys: Vec<Vec<f32>> = (0..n)
+            .map(|j| {
+                (0..hd)
+                    .map(|d| ((j * hd + d) as f32 * 0.29).sin())
+                    .collect()
+            })
+            .collect();
+        let vals: Vec<Vec<f32>> = (0..n)
+            .map(|j| {
+                (0..hdv)
+                    .map(|e| ((j * hdv + e) as f32 * 0.13).cos())
+                    .collect()
+            })
+            .collect();
+        let q: Vec<f32> = (0..hd).map(|d| (d as f32 * 0.5).cos()).collect();
+        let scale = 0.25;
+        let mut state = vec![0f32; hdv + 2];
+        state[hdv] = f32::NEG_INFINITY;
+        for k0 in (0..n).step_by(KEYS) {
+            let kc = KEYS.min(n - k0);
+            let mut kt = vec![0f32; hd * KEYS];
+            let mut vb = vec![0f32; kc * hdv];
+            for k in 0..kc {
+                for d in 0..hd {
+                    kt[d * KEYS + k] = keys[k0 + k][d];
+                }
+                vb[k * hdv..(k + 1) * hdv].copy_from_slice(&vals[k0 + k]);
+            }
+            block(
+                hearth_quant::kernel_level(),
+                &kt,
+                &vb,
+                kc,
+                &q,
+                scale,
+                &mut state,
+            );
+        }
+        let scores: Vec<f64> = keys
+            .iter()
+            .map(|k| k.iter().zip(&q).map(|(a, b)| (a * b) as f64).sum::<f64>() * scale as f64)
+            .collect();
+        let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+        let z: f64 = w.iter().sum();
+        for e in 0..hdv {
+            let want: f64 = (0..n).map(|j| w[j] * vals[j][e] as f64).sum::<f64>() / z;
+            let got = state[e] as f64 / state[hdv + 1] as f64;
+            assert!((got - want).abs() < 1e-5, "element {e}: {got} vs {want}");
+        }
+    }
+}
