@@ -118,10 +118,9 @@ fn shared_input_products(
     acts: &mut QuantActs,
     x: &[f32],
     n: usize,
-    gather: (&[Group], Option<&[u32]>, Option<&[u32]>),
+    groups: &[Group],
     products: &mut [Product],
 ) {
-    let (groups, act_rows, out_rows) = gather;
     let mut done = 0;
     while done < products.len() {
         let ty = vec_dot_type(products[done].w.ty);
@@ -135,14 +134,7 @@ fn shared_input_products(
         }
         let w = products[done].w;
         acts.quantize(w.ty, x, n, w.cols, w.cols);
-        matmul_fused(
-            pool,
-            &mut products[done..end],
-            acts,
-            groups,
-            act_rows,
-            out_rows,
-        );
+        matmul_fused(pool, &mut products[done..end], acts, groups, None);
         done = end;
     }
 }
@@ -268,7 +260,7 @@ impl Model {
             &mut s.acts,
             &s.xn,
             n,
-            (&all, None, None),
+            &all,
             &mut [
                 Product {
                     w: &layer.wq,
@@ -385,7 +377,7 @@ impl Model {
                     &mut s.acts,
                     &s.xn,
                     n,
-                    (&all, None, None),
+                    &all,
                     &mut [
                         Product {
                             w: gate,
@@ -505,12 +497,18 @@ impl Model {
             }
         }
 
+        // The pairs' input rows in grouped order (`moe_out` is free until the down projection), so
+        // each expert's tokens are consecutive rows of one matrix product.
+        for (p, &t) in s.pair_tok[..n * k].iter().enumerate() {
+            let t = t as usize;
+            s.moe_out[p * d..(p + 1) * d].copy_from_slice(&s.xn[t * d..(t + 1) * d]);
+        }
         shared_input_products(
             pool,
             &mut s.acts,
-            &s.xn,
-            n,
-            (&s.groups, Some(&s.pair_tok), Some(&s.pair_id)),
+            &s.moe_out,
+            n * k,
+            &s.groups,
             &mut [
                 Product {
                     w: gate_exps,
@@ -531,7 +529,6 @@ impl Model {
             down_exps,
             &s.acts,
             &s.groups,
-            Some(&s.pair_id),
             Some(&s.pair_id),
             &mut s.moe_out,
             d,

@@ -5,7 +5,7 @@
 //! `vec_dot` of a weight row with an activation row. Rows are split across threads, never the
 //! reduction: an element's value does not depend on the thread count, the batch or the tiling.
 
-use hearth_quant::{quantize_row, vec_dot_matrix, vec_dot_rows, vec_dot_type, GgmlType, Rows};
+use hearth_quant::{quantize_row, vec_dot_matrix, vec_dot_type, GgmlType, Rows};
 
 use crate::threads::{SharedMut, ThreadPool};
 use crate::weights::Weight;
@@ -86,8 +86,8 @@ impl QuantActs {
     }
 }
 
-/// One group of a gathered product: matrix `mat` of a stacked weight applied to the rows
-/// `start..start + n` of the row lists given to [`matmul_gather`].
+/// One group of a product: matrix `mat` of a stacked weight applied to the activation rows
+/// `start..start + n`.
 #[derive(Clone, Copy, Debug)]
 pub struct Group {
     /// Which matrix of a stacked weight (0 for plain weights).
@@ -112,9 +112,6 @@ impl Group {
 /// Output rows computed per task: enough to amortise a task, small enough to balance the threads.
 const ROWS_PER_TASK: usize = 16;
 
-/// Activation rows per pass over a weight row.
-const TILE: usize = 8;
-
 /// Activation rows per matrix call in dense products.
 const TOKENS_PER_CALL: usize = 32;
 
@@ -129,16 +126,17 @@ pub struct Product<'a> {
 }
 
 /// For every product, group, entry `i` of the group and weight row `r`:
-/// `out[out_rows[i]][r] = w[mat].row(r) · acts[act_rows[i]]` (a missing list is the identity).
+/// `out[out_rows[i]][r] = w[mat].row(r) · acts[i]` (without `out_rows`, `out[i][r]`).
 ///
 /// All products share the activations (so their weights share an activation type and width) and run
 /// in one parallel pass: Q, K and V, or an FFN's gate and up, cost one hand-off instead of several.
+/// A group's activation rows are consecutive, so every task is one matrix-kernel call per block of
+/// tokens: rows split across threads, never the reduction.
 pub fn matmul_fused(
     pool: &ThreadPool,
     products: &mut [Product],
     acts: &QuantActs,
     groups: &[Group],
-    act_rows: Option<&[u32]>,
     out_rows: Option<&[u32]>,
 ) {
     const MAX_PRODUCTS: usize = 4;
@@ -165,56 +163,31 @@ pub fn matmul_fused(
         let g = &groups[local / chunks];
         let r0 = (local % chunks) * ROWS_PER_TASK;
         let r1 = (r0 + ROWS_PER_TASK).min(w.rows);
-        if act_rows.is_none() && out_rows.is_none() {
-            // Dense rows: one matrix call per block of tokens, so the per-call checks and dispatch
-            // are paid once per block rather than once per weight row.
-            let rb = w.row_bytes;
-            let base = g.mat * w.rows;
-            let w_rows = Rows::packed(&w.bytes()[(base + r0) * rb..(base + r1) * rb], rb);
-            let nr = r1 - r0;
-            let mut buf = [0f32; ROWS_PER_TASK * TOKENS_PER_CALL];
-            for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
-                let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
-                let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
-                vec_dot_matrix(
-                    w.ty,
-                    w.cols,
-                    w_rows,
-                    a,
-                    &mut buf[..(k - 1) * ROWS_PER_TASK + nr],
-                    ROWS_PER_TASK,
-                );
-                for j in 0..k {
-                    let at = (j0 + j) * out_stride + r0;
-                    assert!(at + nr <= out_len);
-                    for i in 0..nr {
-                        // SAFETY: each (product, output row, weight row) is written by exactly one task.
-                        unsafe { *out_ptr.ptr().add(at + i) = buf[j * ROWS_PER_TASK + i] };
-                    }
-                }
-            }
-            return;
-        }
-        let mut refs: [&[u8]; TILE] = [&[]; TILE];
-        let mut rows_out: [u32; TILE] = [0; TILE];
-        let mut vals = [0f32; TILE];
-        for r in r0..r1 {
-            let wrow = w.row(g.mat, r);
-            // Several activation rows per pass over the weight row; each result is bit-identical
-            // to the single-row product, so the tile size never changes a value.
-            for start in (g.start..g.start + g.n).step_by(TILE) {
-                let k = (g.start + g.n - start).min(TILE);
-                for j in 0..k {
-                    let idx = start + j;
-                    refs[j] = acts.row(act_rows.map_or(idx, |rows| rows[idx] as usize));
-                    rows_out[j] = out_rows.map_or(idx, |rows| rows[idx] as usize) as u32;
-                }
-                vec_dot_rows(w.ty, w.cols, wrow, &refs[..k], &mut vals[..k]);
-                for j in 0..k {
-                    let at = rows_out[j] as usize * out_stride + r;
-                    assert!(at < out_len);
+        // One matrix call per block of tokens, so the per-call checks and dispatch are paid once
+        // per block rather than once per weight row.
+        let rb = w.row_bytes;
+        let base = g.mat * w.rows;
+        let w_rows = Rows::packed(&w.bytes()[(base + r0) * rb..(base + r1) * rb], rb);
+        let nr = r1 - r0;
+        let mut buf = [0f32; ROWS_PER_TASK * TOKENS_PER_CALL];
+        for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
+            let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
+            let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
+            vec_dot_matrix(
+                w.ty,
+                w.cols,
+                w_rows,
+                a,
+                &mut buf[..(k - 1) * ROWS_PER_TASK + nr],
+                ROWS_PER_TASK,
+            );
+            for j in 0..k {
+                let row = out_rows.map_or(j0 + j, |rows| rows[j0 + j] as usize);
+                let at = row * out_stride + r0;
+                assert!(at + nr <= out_len);
+                for i in 0..nr {
                     // SAFETY: each (product, output row, weight row) is written by exactly one task.
-                    unsafe { *out_ptr.ptr().add(at) = vals[j] };
+                    unsafe { *out_ptr.ptr().add(at + i) = buf[j * ROWS_PER_TASK + i] };
                 }
             }
         }
@@ -222,13 +195,11 @@ pub fn matmul_fused(
 }
 
 /// [`matmul_fused`] with one product.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_gather(
     pool: &ThreadPool,
     w: &Weight,
     acts: &QuantActs,
     groups: &[Group],
-    act_rows: Option<&[u32]>,
     out_rows: Option<&[u32]>,
     out: &mut [f32],
     out_stride: usize,
@@ -238,7 +209,6 @@ pub fn matmul_gather(
         &mut [Product { w, out, out_stride }],
         acts,
         groups,
-        act_rows,
         out_rows,
     );
 }
@@ -252,5 +222,5 @@ pub fn matmul(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    matmul_gather(pool, w, acts, &[Group::all(n)], None, None, out, out_stride);
+    matmul_gather(pool, w, acts, &[Group::all(n)], None, out, out_stride);
 }
