@@ -24,6 +24,8 @@ struct Shared {
     next: AtomicUsize,
     pending: AtomicUsize,
     shutdown: AtomicBool,
+    /// Workers parked or about to park on `wake`; `run` notifies only if there are any.
+    sleepers: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
 }
@@ -50,6 +52,7 @@ impl ThreadPool {
             next: AtomicUsize::new(0),
             pending: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
         });
@@ -96,9 +99,12 @@ impl ThreadPool {
         sh.n_tasks.store(n_tasks, Ordering::Relaxed);
         sh.next.store(0, Ordering::Relaxed);
         sh.pending.store(self.workers.len(), Ordering::Relaxed);
-        sh.generation.fetch_add(1, Ordering::Release);
-        {
-            // Under the lock, so a worker about to park sees either the new generation or the notify.
+        sh.generation.fetch_add(1, Ordering::SeqCst);
+        // A worker registers as a sleeper before its last look at `generation` (both SeqCst), so
+        // either it sees the new generation or this load sees it: no wake-up is lost, and spinning
+        // workers cost no lock or futex call per job. The notify is under the lock, so a worker
+        // about to park sees either the new generation or the notify.
+        if sh.sleepers.load(Ordering::SeqCst) != 0 {
             let _l = sh.lock.lock().unwrap_or_else(|e| e.into_inner());
             sh.wake.notify_all();
         }
@@ -143,10 +149,13 @@ fn worker(sh: &Shared) {
                 continue;
             }
             let guard = sh.lock.lock().unwrap_or_else(|e| e.into_inner());
-            if sh.generation.load(Ordering::Acquire) == seen && !sh.shutdown.load(Ordering::Acquire)
-            {
+            sh.sleepers.fetch_add(1, Ordering::SeqCst);
+            if sh.generation.load(Ordering::SeqCst) == seen && !sh.shutdown.load(Ordering::SeqCst) {
                 drop(sh.wake.wait(guard).unwrap_or_else(|e| e.into_inner()));
+            } else {
+                drop(guard);
             }
+            sh.sleepers.fetch_sub(1, Ordering::SeqCst);
             spins = 0;
         }
         seen = sh.generation.load(Ordering::Acquire);
