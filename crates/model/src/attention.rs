@@ -22,6 +22,7 @@ use hearth_quant::Level;
 
 use crate::config::Config;
 use crate::kv_cache::{KvCache, Rows};
+use crate::ops::exp;
 use crate::threads::{SharedMut, ThreadPool};
 
 /// Key positions per block (the score vector of one query against one block).
@@ -321,58 +322,9 @@ fn block_body(kt: &[f32], vals: &[f32], kc: usize, q: &[f32], scale: f32, state:
     }
 }
 
-/// `e^x` for `x <= 0` (as attention uses it; larger `x` saturate at `e^88`), within 2 ulp, with the
-/// same operations on every target: `x = n ln 2 + r`, a degree-6 polynomial for `e^r` (Cephes'
-/// `expf` coefficients) and `2^n` from the exponent bits. Below -87.3 the result is 0.
-#[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let xc = x.clamp(-87.3, 88.0);
-    let shifted = xc.mul_add(LOG2E, MAGIC);
-    let n = shifted - MAGIC;
-    let ni = shifted.to_bits() as i32 - MAGIC.to_bits() as i32;
-    let r = n.mul_add(-LN2_HI, xc);
-    let r = n.mul_add(-LN2_LO, r);
-    let mut y = 1.987_569_1e-4f32;
-    y = y.mul_add(r, 1.398_199_9e-3);
-    y = y.mul_add(r, 8.333_452e-3);
-    y = y.mul_add(r, 4.166_579_6e-2);
-    y = y.mul_add(r, 0.166_666_65);
-    y = y.mul_add(r, 0.5);
-    y = y.mul_add(r * r, r + 1.0);
-    let pow2 = f32::from_bits(((ni + 127) as u32) << 23);
-    if x < -87.3 {
-        0.0
-    } else {
-        y * pow2
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exp_is_close_to_std() {
-        let mut worst = 0f64;
-        let mut x = -90.0f32;
-        while x <= 0.0 {
-            let want = (x as f64).exp();
-            let got = exp(x) as f64;
-            if want > 1e-37 {
-                worst = worst.max(((got - want) / want).abs());
-            } else {
-                assert!(got < 2e-37, "exp({x}) = {got}");
-            }
-            x += 0.001_37;
-        }
-        assert!(worst < 3e-7, "worst relative error {worst}");
-        assert_eq!(exp(0.0), 1.0);
-        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
-    }
 
     #[test]
     fn block_kernels_agree_bit_for_bit() {

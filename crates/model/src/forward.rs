@@ -133,7 +133,7 @@ fn shared_input_products(
             }
         }
         let w = products[done].w;
-        acts.quantize(w.ty, x, n, w.cols, w.cols);
+        acts.quantize(pool, w.ty, x, n, w.cols, w.cols);
         matmul_fused(pool, &mut products[done..end], acts, groups, None);
         done = end;
     }
@@ -186,7 +186,7 @@ impl Model {
             tap.tensor("result_norm", None, &s.xn[..n_out * d], n_out, d);
         }
         let head = self.lm_head();
-        s.acts.quantize(head.ty, &s.xn, n_out, d, d);
+        s.acts.quantize(pool, head.ty, &s.xn, n_out, d, d);
         matmul(pool, head, &s.acts, n_out, &mut s.logits, c.n_vocab);
         let logits = &s.logits[..n_out * c.n_vocab];
         if let Some(tap) = tap {
@@ -341,7 +341,7 @@ impl Model {
         let od = c.n_head * c.head_dim_v;
         emit(tap, "kqv_out", l, &s.attn, n, od);
 
-        s.acts.quantize(layer.wo.ty, &s.attn, n, od, od);
+        s.acts.quantize(pool, layer.wo.ty, &s.attn, n, od, od);
         matmul(pool, &layer.wo, &s.acts, n, &mut s.proj, d);
         emit(tap, "attn_out", l, &s.proj, n, d);
         for t in 0..n {
@@ -391,8 +391,8 @@ impl Model {
                         },
                     ],
                 );
-                swiglu(&mut s.ffn_a[..n * ff], &s.ffn_b[..n * ff]);
-                s.acts.quantize(down.ty, &s.ffn_a, n, ff, ff);
+                swiglu_rows(pool, &mut s.ffn_a[..n * ff], &s.ffn_b[..n * ff], ff);
+                s.acts.quantize(pool, down.ty, &s.ffn_a, n, ff, ff);
                 matmul(pool, down, &s.acts, n, &mut s.proj, d);
             }
             Ffn::Moe {
@@ -435,7 +435,7 @@ impl Model {
         let m = c.moe.as_ref().expect("MoE layers have a MoE config");
         let (d, ne, k, ff) = (c.n_embd, m.n_expert, m.n_expert_used, m.n_ff_exp);
 
-        s.acts.quantize(gate_inp.ty, &s.xn, n, d, d);
+        s.acts.quantize(pool, gate_inp.ty, &s.xn, n, d, d);
         matmul(pool, gate_inp, &s.acts, n, &mut s.router, ne);
         emit(tap, "ffn_moe_logits", l, &s.router, n, ne);
         for t in 0..n {
@@ -522,8 +522,8 @@ impl Model {
                 },
             ],
         );
-        swiglu(&mut s.ffn_a[..n * k * ff], &s.ffn_b[..n * k * ff]);
-        s.acts.quantize(down_exps.ty, &s.ffn_a, n * k, ff, ff);
+        swiglu_rows(pool, &mut s.ffn_a[..n * k * ff], &s.ffn_b[..n * k * ff], ff);
+        s.acts.quantize(pool, down_exps.ty, &s.ffn_a, n * k, ff, ff);
         matmul_gather(
             pool,
             down_exps,
@@ -560,4 +560,11 @@ fn emit(
     if let Some(tap) = tap.as_deref_mut() {
         tap.tensor(name, Some(layer), &data[..rows * cols], rows, cols);
     }
+}
+
+/// [`swiglu`] of `[rows, ff]` matrices, rows split over the pool's threads.
+fn swiglu_rows(pool: &ThreadPool, gate: &mut [f32], up: &[f32], ff: usize) {
+    pool.for_rows(gate, ff, 8, &|rows, r0| {
+        swiglu(rows, &up[r0 * ff..r0 * ff + rows.len()]);
+    });
 }

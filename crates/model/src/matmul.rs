@@ -37,9 +37,11 @@ impl QuantActs {
         self.ty
     }
 
-    /// Quantizes `n_rows` rows of `cols` floats from `x` (row stride `stride`) for products with `w_ty` weights.
+    /// Quantizes `n_rows` rows of `cols` floats from `x` (row stride `stride`) for products with
+    /// `w_ty` weights, rows split over the pool's threads.
     pub fn quantize(
         &mut self,
+        pool: &ThreadPool,
         w_ty: GgmlType,
         x: &[f32],
         n_rows: usize,
@@ -56,11 +58,21 @@ impl QuantActs {
         self.n_rows = n_rows;
         self.data.clear();
         self.data.resize(n_rows * row_bytes, 0);
-        for r in 0..n_rows {
-            let dst = &mut self.data[r * row_bytes..(r + 1) * row_bytes];
-            quantize_row(ty, &x[r * stride..r * stride + cols], dst)
-                .expect("activation types have quantizers");
+        if n_rows == 0 {
+            return;
         }
+        pool.for_rows(
+            &mut self.data,
+            row_bytes,
+            QUANTIZE_ROWS_PER_TASK,
+            &|rows, r0| {
+                for (i, dst) in rows.chunks_exact_mut(row_bytes).enumerate() {
+                    let r = r0 + i;
+                    quantize_row(ty, &x[r * stride..r * stride + cols], dst)
+                        .expect("activation types have quantizers");
+                }
+            },
+        );
     }
 
     /// Row `r`.
@@ -108,6 +120,9 @@ impl Group {
         }
     }
 }
+
+/// Activation rows quantized per task.
+const QUANTIZE_ROWS_PER_TASK: usize = 8;
 
 /// Output rows computed per task: enough to amortise a task, small enough to balance the threads.
 const ROWS_PER_TASK: usize = 16;

@@ -33,16 +33,75 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
     1.0 / (mean + eps).sqrt()
 }
 
-/// SiLU, `x / (1 + e^-x)`, as ggml's `ggml_silu_f32`.
-#[inline]
+/// SiLU, `x / (1 + e^-x)`, as ggml's `ggml_silu_f32` (with [`exp`]).
+#[inline(always)]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + exp(-x))
 }
 
 /// `gate[i] = silu(gate[i]) * up[i]`: the SwiGLU of a dense or expert FFN, in place in `gate`.
+/// Vectorised at the kernel level the CPU has; the same operations (and bits) at every level.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        use hearth_quant::Level;
+        match hearth_quant::kernel_level() {
+            // SAFETY: the level is at most what the CPU supports (hearth_quant checks).
+            Level::Avx512 => return unsafe { swiglu_avx512(gate, up) },
+            Level::Avx2 => return unsafe { swiglu_avx2(gate, up) },
+            Level::Scalar => {}
+        }
+    }
+    swiglu_body(gate, up)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn swiglu_avx512(gate: &mut [f32], up: &[f32]) {
+    swiglu_body(gate, up)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
+    swiglu_body(gate, up)
+}
+
+#[inline(always)]
+fn swiglu_body(gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
         *g = silu(*g) * u;
+    }
+}
+
+/// `e^x` (inputs above 88 saturate at `e^88`), within 2 ulp, with the
+/// same operations on every target: `x = n ln 2 + r`, a degree-6 polynomial for `e^r` (Cephes'
+/// `expf` coefficients) and `2^n` from the exponent bits. Below -87.3 the result is 0.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let xc = x.clamp(-87.3, 88.0);
+    let shifted = xc.mul_add(LOG2E, MAGIC);
+    let n = shifted - MAGIC;
+    let ni = shifted.to_bits() as i32 - MAGIC.to_bits() as i32;
+    let r = n.mul_add(-LN2_HI, xc);
+    let r = n.mul_add(-LN2_LO, r);
+    let mut y = 1.987_569_1e-4f32;
+    y = y.mul_add(r, 1.398_199_9e-3);
+    y = y.mul_add(r, 8.333_452e-3);
+    y = y.mul_add(r, 4.166_579_6e-2);
+    y = y.mul_add(r, 0.166_666_65);
+    y = y.mul_add(r, 0.5);
+    y = y.mul_add(r * r, r + 1.0);
+    let pow2 = f32::from_bits(((ni + 127) as u32) << 23);
+    if x < -87.3 {
+        0.0
+    } else {
+        y * pow2
     }
 }
 
@@ -70,6 +129,52 @@ pub fn add_assign(y: &mut [f32], x: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swiglu_levels_agree_bit_for_bit() {
+        let g0: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 0.07).collect();
+        let up: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.3).sin()).collect();
+        let mut want = g0.clone();
+        swiglu_body(&mut want, &up);
+        for (i, (w, (g, u))) in want.iter().zip(g0.iter().zip(&up)).enumerate() {
+            let exact = (*g as f64) / (1.0 + (-*g as f64).exp()) * *u as f64;
+            assert!(
+                (*w as f64 - exact).abs() <= 1e-6 * (1.0 + exact.abs()),
+                "{i}"
+            );
+        }
+        #[cfg(target_arch = "x86_64")]
+        for level in hearth_quant::simd::available_levels() {
+            let mut got = g0.clone();
+            match level {
+                // SAFETY: available_levels lists only what the CPU has.
+                hearth_quant::Level::Avx512 => unsafe { swiglu_avx512(&mut got, &up) },
+                hearth_quant::Level::Avx2 => unsafe { swiglu_avx2(&mut got, &up) },
+                hearth_quant::Level::Scalar => swiglu_body(&mut got, &up),
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{level}");
+        }
+    }
+
+    #[test]
+    fn exp_is_close_to_std() {
+        let mut worst = 0f64;
+        let mut x = -90.0f32;
+        while x <= 0.0 {
+            let want = (x as f64).exp();
+            let got = exp(x) as f64;
+            if want > 1e-37 {
+                worst = worst.max(((got - want) / want).abs());
+            } else {
+                assert!(got < 2e-37, "exp({x}) = {got}");
+            }
+            x += 0.001_37;
+        }
+        assert!(worst < 3e-7, "worst relative error {worst}");
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+    }
 
     #[test]
     fn rms_norm_unit_weight() {

@@ -168,6 +168,29 @@ fn worker(sh: &Shared) {
     }
 }
 
+impl ThreadPool {
+    /// Runs `f(rows, first_row)` over `data` (rows of `row_len` elements) in parallel, in slices of
+    /// `rows_per_task` whole rows; `f` sees each row exactly once. For row-wise elementwise work.
+    pub fn for_rows<T: Send>(
+        &self,
+        data: &mut [T],
+        row_len: usize,
+        rows_per_task: usize,
+        f: &(dyn Fn(&mut [T], usize) + Sync),
+    ) {
+        assert!(row_len > 0 && rows_per_task > 0 && data.len().is_multiple_of(row_len));
+        let n_rows = data.len() / row_len;
+        let out = SharedMut::new(data);
+        self.run(n_rows.div_ceil(rows_per_task), &|task| {
+            let r0 = task * rows_per_task;
+            let r1 = (r0 + rows_per_task).min(n_rows);
+            // SAFETY: tasks cover disjoint row ranges of `data`.
+            let rows = unsafe { out.slice(r0 * row_len, (r1 - r0) * row_len) };
+            f(rows, r0);
+        });
+    }
+}
+
 impl Drop for ThreadPool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::Release);
