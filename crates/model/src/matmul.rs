@@ -124,8 +124,24 @@ impl Group {
 /// Activation rows quantized per task.
 const QUANTIZE_ROWS_PER_TASK: usize = 8;
 
-/// Output rows computed per task: enough to amortise a task, small enough to balance the threads.
-const ROWS_PER_TASK: usize = 16;
+/// Output rows per matrix-kernel call.
+const ROWS_PER_CALL: usize = 16;
+
+/// Weight bytes per task when few tokens share each weight row (decode): enough that claiming a
+/// task and calling the kernel cost little beside streaming the weights.
+const TASK_BYTES: usize = 64 << 10;
+
+/// Rows per task for a product of `w` whose groups hold `tokens` rows in all: several kernel calls'
+/// worth when each weight byte serves few tokens, as long as the pass keeps at least four tasks
+/// per thread. Which task computes an output never changes its value.
+fn rows_per_task(w: &Weight, n_groups: usize, tokens: usize, threads: usize) -> usize {
+    let per_group = tokens.div_ceil(n_groups.max(1)).max(1);
+    let mut calls = (TASK_BYTES / (ROWS_PER_CALL * w.row_bytes * per_group)).clamp(1, 16);
+    while calls > 1 && n_groups * w.rows.div_ceil(calls * ROWS_PER_CALL) < 4 * threads {
+        calls /= 2;
+    }
+    calls * ROWS_PER_CALL
+}
 
 /// Activation rows per matrix call in dense products.
 const TOKENS_PER_CALL: usize = 32;
@@ -157,11 +173,14 @@ pub fn matmul_fused(
     const MAX_PRODUCTS: usize = 4;
     assert!(products.len() <= MAX_PRODUCTS);
     let mut first_task = [0usize; MAX_PRODUCTS + 1];
+    let mut task_rows = [0usize; MAX_PRODUCTS];
     let mut outs = [(SharedMut::dangling(), 0usize); MAX_PRODUCTS];
+    let tokens: usize = groups.iter().map(|g| g.n).sum();
     for (i, p) in products.iter_mut().enumerate() {
         debug_assert_eq!(acts.ty, vec_dot_type(p.w.ty));
         debug_assert_eq!(acts.cols, p.w.cols);
-        first_task[i + 1] = first_task[i] + groups.len() * p.w.rows.div_ceil(ROWS_PER_TASK);
+        task_rows[i] = rows_per_task(p.w, groups.len(), tokens, pool.n_threads());
+        first_task[i + 1] = first_task[i] + groups.len() * p.w.rows.div_ceil(task_rows[i]);
         outs[i] = (SharedMut::new(p.out), p.out.len());
     }
     let n = products.len();
@@ -174,35 +193,39 @@ pub fn matmul_fused(
         let (w, out_stride) = weights[pi].expect("product present");
         let (out_ptr, out_len) = outs[pi];
         let local = task - first_task[pi];
-        let chunks = w.rows.div_ceil(ROWS_PER_TASK);
+        let chunks = w.rows.div_ceil(task_rows[pi]);
         let g = &groups[local / chunks];
-        let r0 = (local % chunks) * ROWS_PER_TASK;
-        let r1 = (r0 + ROWS_PER_TASK).min(w.rows);
-        // One matrix call per block of tokens, so the per-call checks and dispatch are paid once
-        // per block rather than once per weight row.
+        let t0 = (local % chunks) * task_rows[pi];
+        let t1 = (t0 + task_rows[pi]).min(w.rows);
         let rb = w.row_bytes;
         let base = g.mat * w.rows;
-        let w_rows = Rows::packed(&w.bytes()[(base + r0) * rb..(base + r1) * rb], rb);
-        let nr = r1 - r0;
-        let mut buf = [0f32; ROWS_PER_TASK * TOKENS_PER_CALL];
-        for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
-            let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
-            let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
-            vec_dot_matrix(
-                w.ty,
-                w.cols,
-                w_rows,
-                a,
-                &mut buf[..(k - 1) * ROWS_PER_TASK + nr],
-                ROWS_PER_TASK,
-            );
-            for j in 0..k {
-                let row = out_rows.map_or(j0 + j, |rows| rows[j0 + j] as usize);
-                let at = row * out_stride + r0;
-                assert!(at + nr <= out_len);
-                for i in 0..nr {
-                    // SAFETY: each (product, output row, weight row) is written by exactly one task.
-                    unsafe { *out_ptr.ptr().add(at + i) = buf[j * ROWS_PER_TASK + i] };
+        let mut buf = [0f32; ROWS_PER_CALL * TOKENS_PER_CALL];
+        for r0 in (t0..t1).step_by(ROWS_PER_CALL) {
+            let r1 = (r0 + ROWS_PER_CALL).min(t1);
+            // One matrix call per block of tokens, so the per-call checks and dispatch are paid
+            // once per block rather than once per weight row.
+            let w_rows = Rows::packed(&w.bytes()[(base + r0) * rb..(base + r1) * rb], rb);
+            let nr = r1 - r0;
+            for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
+                let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
+                let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
+                vec_dot_matrix(
+                    w.ty,
+                    w.cols,
+                    w_rows,
+                    a,
+                    &mut buf[..(k - 1) * ROWS_PER_CALL + nr],
+                    ROWS_PER_CALL,
+                );
+                for j in 0..k {
+                    let row = out_rows.map_or(j0 + j, |rows| rows[j0 + j] as usize);
+                    let at = row * out_stride + r0;
+                    assert!(at + nr <= out_len);
+                    for i in 0..nr {
+                        // SAFETY: each (product, output row, weight row) is written by exactly one
+                        // task.
+                        unsafe { *out_ptr.ptr().add(at + i) = buf[j * ROWS_PER_CALL + i] };
+                    }
                 }
             }
         }
