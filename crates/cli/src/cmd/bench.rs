@@ -1,11 +1,19 @@
 //! `hearth bench MODEL [-p 512] [-n 128] [-t T] [-r R] [--json]`: llama-bench's two tests.
 //!
-//! `pp`: one prefill of p random tokens; `tg`: n decode steps of one random token each. Each test runs
-//! once to warm up, then r times from an empty cache; the table gives mean ± sd tokens per second in
-//! llama-bench's columns, and `--json` llama-bench's keys. For `tg` it also prints the bandwidth
-//! roofline: weight bytes read per token ÷ the machine's measured read bandwidth.
+//! `pp`: one prefill of p random tokens, logits for the last one only (as llama-bench's
+//! `common_batch_get_one`); `tg`: n decode steps of one random token each. Each test runs once to
+//! warm up, then r times from an empty cache; the table gives mean ± sd tokens per second in
+//! llama-bench's columns, and `--json` llama-bench's keys plus Hearth's own (roofline, bandwidth,
+//! peak RSS).
+//!
+//! For `tg` it also prints the bandwidth roofline: weight bytes read per token ÷ the machine's measured
+//! read bandwidth ([`bandwidth`]). The probe runs before the model is loaded, its buffer is unmapped
+//! before a byte of the model is touched, and the kernel's peak-RSS mark is reset afterwards, so the
+//! peak RSS reported (`VmHWM`) is the benchmark's own: mapped weights, KV cache, scratch.
 
-use std::time::Instant;
+mod bandwidth;
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use hearth_engine::sampler::Rng;
@@ -13,6 +21,10 @@ use hearth_model::{Batch, Ffn, KvCache, Model, Scratch, ThreadPool};
 use serde_json::json;
 
 use super::common::ModelArgs;
+use bandwidth::Bandwidth;
+
+/// What the peak RSS may use beyond file size + KV cache (scratch, tokenizer, stacks, allocator).
+const RSS_SLACK_BYTES: u64 = 300 * 1000 * 1000;
 
 /// Arguments of `hearth bench`.
 #[derive(clap::Args)]
@@ -39,16 +51,21 @@ pub struct Args {
 /// Runs `hearth bench`.
 pub fn run(args: Args) -> Result<()> {
     anyhow::ensure!(args.reps > 0, "--repetitions must be at least 1");
-    // Measured before the model is loaded, so its buffer does not add to the peak RSS reported below.
-    let bw = if args.n_gen > 0 {
-        measure_bandwidth(&ThreadPool::new(args.model.n_threads()?))
-    } else {
-        0.0
-    };
+    let n_threads = args.model.n_threads()?;
+    let bw = (args.n_gen > 0).then(|| bandwidth::measure(n_threads));
+    // The probe's buffer is unmapped by now; forget the peak it left so VmHWM measures the benchmark.
+    let rss_reset = reset_peak_rss();
+    if let (false, Some(bw)) = (rss_reset, &bw) {
+        eprintln!(
+            "warning: cannot reset the peak RSS mark (/proc/self/clear_refs): the peak RSS below \
+             includes the {} MiB bandwidth probe",
+            bw.buffer_bytes >> 20
+        );
+    }
+
     let m = args.model.load()?;
     let model = &m.model;
     let c = &model.config;
-    let n_threads = m.pool.n_threads();
     let n_ctx = (args.n_prompt.max(args.n_gen) + 1).max(16);
     let mut kv = KvCache::new(1, c.n_layer, n_ctx, c.k_dim(), c.v_dim(), m.kv_type);
     let mut scratch = Scratch::new(model, args.batch.clamp(1, args.n_prompt.max(1)));
@@ -59,16 +76,7 @@ pub fn run(args: Args) -> Result<()> {
             .collect()
     };
 
-    let name = model
-        .gguf()
-        .metadata()
-        .get_str("general.name")
-        .unwrap_or("model")
-        .to_string();
-    let file_size = model.gguf().bytes().len() as u64;
-    let n_params: u64 = model.gguf().tensors().iter().map(|t| t.n_elements).sum();
     let mut results = Vec::new();
-
     if args.n_prompt > 0 {
         let samples = measure(args.reps, || {
             let toks = random_tokens(args.n_prompt);
@@ -76,12 +84,12 @@ pub fn run(args: Args) -> Result<()> {
             prefill(model, &m.pool, &mut kv, &mut scratch, &toks)?;
             Ok(t0.elapsed().as_secs_f64())
         })?;
-        results.push(Test {
-            name: format!("pp{}", args.n_prompt),
-            n_prompt: args.n_prompt,
-            n_gen: 0,
+        results.push(Test::new(
+            format!("pp{}", args.n_prompt),
+            args.n_prompt,
+            0,
             samples,
-        });
+        ));
     }
     if args.n_gen > 0 {
         let samples = measure(args.reps, || {
@@ -98,88 +106,200 @@ pub fn run(args: Args) -> Result<()> {
             }
             Ok(t0.elapsed().as_secs_f64())
         })?;
-        results.push(Test {
-            name: format!("tg{}", args.n_gen),
-            n_prompt: 0,
-            n_gen: args.n_gen,
+        results.push(Test::new(
+            format!("tg{}", args.n_gen),
+            0,
+            args.n_gen,
             samples,
-        });
+        ));
     }
 
-    let per_token = weight_bytes_per_token(model);
-    let rss = peak_rss_bytes();
+    let report = Report {
+        model_filename: args.model.model.display().to_string(),
+        model_type: model
+            .gguf()
+            .metadata()
+            .get_str("general.name")
+            .unwrap_or("model")
+            .to_string(),
+        file_size: model.gguf().bytes().len() as u64,
+        tensor_bytes: model.gguf().tensors().iter().map(|t| t.n_bytes).sum(),
+        n_params: model.gguf().tensors().iter().map(|t| t.n_elements).sum(),
+        n_threads: m.pool.n_threads(),
+        n_batch: args.batch,
+        kv_type: format!("{:?}", m.kv_type).to_lowercase(),
+        kv_bytes: kv.bytes() as u64,
+        weight_bytes_per_token: weight_bytes_per_token(model),
+        bandwidth: bw,
+        peak_rss: peak_rss_bytes(),
+        peak_rss_includes_probe: !rss_reset && args.n_gen > 0,
+        results,
+    };
     if args.json {
-        let arr: Vec<_> = results
-            .iter()
-            .map(|t| {
-                let ts: Vec<f64> = t.samples.iter().map(|s| t.tokens() as f64 / s).collect();
-                let ns: Vec<u64> = t.samples.iter().map(|s| (s * 1e9) as u64).collect();
-                let (avg_ts, sd_ts) = mean_sd(&ts);
-                let (avg_ns, sd_ns) = mean_sd(&ns.iter().map(|&n| n as f64).collect::<Vec<_>>());
-                json!({
-                    "build_commit": env!("CARGO_PKG_VERSION"),
-                    "model_filename": args.model.model.display().to_string(),
-                    "model_type": name,
-                    "model_size": file_size,
-                    "model_n_params": n_params,
-                    "n_threads": n_threads,
-                    "type_k": format!("{:?}", m.kv_type).to_lowercase(),
-                    "n_prompt": t.n_prompt,
-                    "n_gen": t.n_gen,
-                    "avg_ns": avg_ns as u64,
-                    "stddev_ns": sd_ns as u64,
-                    "avg_ts": avg_ts,
-                    "stddev_ts": sd_ts,
-                    "samples_ns": ns,
-                    "samples_ts": ts,
-                    "weight_bytes_per_token": per_token,
-                    "read_bandwidth_gbs": bw / 1e9,
-                    "roofline_ts": if bw > 0.0 { bw / per_token as f64 } else { 0.0 },
-                    "peak_rss_bytes": rss,
-                })
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&arr)?);
+        println!("{}", serde_json::to_string_pretty(&report.json())?);
     } else {
-        println!("| model                          |       size |     params | backend    | threads |            test |                  t/s |");
-        println!("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |");
-        for t in &results {
-            let ts: Vec<f64> = t.samples.iter().map(|s| t.tokens() as f64 / s).collect();
-            let (avg, sd) = mean_sd(&ts);
-            println!(
-                "| {:<30} | {:>7.2} GiB | {:>8.2} B | {:<10} | {:>7} | {:>15} | {:>20} |",
-                truncate(&name, 30),
-                file_size as f64 / (1u64 << 30) as f64,
-                n_params as f64 / 1e9,
-                format!("CPU {}", hearth_quant::kernel_level().name()),
-                n_threads,
-                t.name,
-                format!("{avg:.2} ± {sd:.2}")
-            );
-        }
-        if bw > 0.0 {
-            println!(
-                "\ntg roofline: {:.1} MB of weights per token / {:.1} GB/s measured read bandwidth = {:.1} t/s",
-                per_token as f64 / 1e6,
-                bw / 1e9,
-                bw / per_token as f64
-            );
-        }
-        println!("peak RSS: {:.1} MB", rss as f64 / 1e6);
+        report.print_table();
     }
     Ok(())
 }
 
+/// One test's timings.
 struct Test {
     name: String,
     n_prompt: usize,
     n_gen: usize,
-    samples: Vec<f64>, // seconds per repetition
+    samples: Vec<f64>, // [reps] seconds per repetition
+    test_time: String,
 }
 
 impl Test {
-    fn tokens(&self) -> usize {
-        self.n_prompt + self.n_gen
+    fn new(name: String, n_prompt: usize, n_gen: usize, samples: Vec<f64>) -> Test {
+        Test {
+            name,
+            n_prompt,
+            n_gen,
+            samples,
+            test_time: utc_timestamp(SystemTime::now()),
+        }
+    }
+
+    /// Tokens per second of each repetition.
+    fn samples_ts(&self) -> Vec<f64> {
+        let tokens = (self.n_prompt + self.n_gen) as f64;
+        self.samples.iter().map(|s| tokens / s).collect()
+    }
+}
+
+/// Everything `hearth bench` prints.
+struct Report {
+    model_filename: String,
+    model_type: String,
+    file_size: u64,
+    tensor_bytes: u64, // what llama-bench calls the model size (and prints in its size column)
+    n_params: u64,
+    n_threads: usize,
+    n_batch: usize,
+    kv_type: String,
+    kv_bytes: u64,
+    weight_bytes_per_token: u64,
+    bandwidth: Option<Bandwidth>,
+    peak_rss: u64,
+    peak_rss_includes_probe: bool,
+    results: Vec<Test>,
+}
+
+impl Report {
+    /// Decode roofline in tokens per second (0 without a bandwidth probe).
+    fn roofline_ts(&self) -> f64 {
+        match &self.bandwidth {
+            Some(bw) if self.weight_bytes_per_token > 0 => {
+                bw.best() / self.weight_bytes_per_token as f64
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// The issue's memory bound: file size + KV cache + 300 MB.
+    fn rss_bound(&self) -> u64 {
+        self.file_size + self.kv_bytes + RSS_SLACK_BYTES
+    }
+
+    /// One object per test: llama-bench's keys (`-o json`) first, then Hearth's.
+    fn json(&self) -> serde_json::Value {
+        let bw = self.bandwidth.as_ref();
+        let gbs = |x: f64| (x / 1e7).round() / 100.0;
+        let tests = self.results.iter().map(|t| {
+            let ts = t.samples_ts();
+            let ns: Vec<f64> = t.samples.iter().map(|s| (s * 1e9).round()).collect();
+            let (avg_ts, stddev_ts) = mean_sd(&ts);
+            let (avg_ns, stddev_ns) = mean_sd(&ns);
+            json!({
+                "build_commit": env!("CARGO_PKG_VERSION"),
+                "cpu_info": cpu_info(),
+                "backends": "CPU",
+                "model_filename": self.model_filename,
+                "model_type": self.model_type,
+                "model_size": self.tensor_bytes,
+                "model_n_params": self.n_params,
+                "n_batch": self.n_batch,
+                "n_ubatch": self.n_batch,
+                "n_threads": self.n_threads,
+                "type_k": self.kv_type,
+                "type_v": self.kv_type,
+                "n_prompt": t.n_prompt,
+                "n_gen": t.n_gen,
+                "n_depth": 0,
+                "test_time": t.test_time,
+                "avg_ns": avg_ns as u64,
+                "stddev_ns": stddev_ns as u64,
+                "avg_ts": avg_ts,
+                "stddev_ts": stddev_ts,
+                "samples_ns": ns.iter().map(|&n| n as u64).collect::<Vec<_>>(),
+                "samples_ts": ts,
+                "file_size": self.file_size,
+                "kernels": hearth_quant::kernel_level().name(),
+                "weight_bytes_per_token": self.weight_bytes_per_token,
+                "read_bandwidth_gbs": bw.map_or(0.0, |b| gbs(b.best())),
+                "read_bandwidth_median_gbs": bw.map_or(0.0, |b| gbs(b.median())),
+                "read_bandwidth_samples_gbs": bw.map_or(vec![], |b| b.passes.iter().map(|&x| gbs(x)).collect()),
+                "read_bandwidth_threads": bw.map_or(0, |b| b.n_threads),
+                "read_bandwidth_buffer_bytes": bw.map_or(0, |b| b.buffer_bytes),
+                "roofline_ts": self.roofline_ts(),
+                "kv_cache_bytes": self.kv_bytes,
+                "peak_rss_bytes": self.peak_rss,
+                "peak_rss_bound_bytes": self.rss_bound(),
+                "peak_rss_includes_probe": self.peak_rss_includes_probe,
+            })
+        });
+        serde_json::Value::Array(tests.collect())
+    }
+
+    /// llama-bench's markdown table, then the roofline and the memory figures.
+    fn print_table(&self) {
+        println!("| model                          |       size |     params | backend    | threads |            test |                  t/s |");
+        println!("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |");
+        for t in &self.results {
+            let (avg, sd) = mean_sd(&t.samples_ts());
+            println!(
+                "| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |",
+                truncate(&self.model_type, 30),
+                size_label(self.tensor_bytes),
+                params_label(self.n_params),
+                format!("CPU {}", hearth_quant::kernel_level().name()),
+                self.n_threads,
+                t.name,
+                format!("{avg:.2} ± {sd:.2}")
+            );
+        }
+        println!();
+        if let Some(bw) = &self.bandwidth {
+            println!(
+                "read bandwidth: {:.1} GB/s with {} threads (best of {} passes over {} MiB; median {:.1} GB/s)",
+                bw.best() / 1e9,
+                bw.n_threads,
+                bw.passes.len(),
+                bw.buffer_bytes >> 20,
+                bw.median() / 1e9,
+            );
+            println!(
+                "tg roofline: {:.1} MB of weights per token / {:.1} GB/s = {:.1} t/s",
+                self.weight_bytes_per_token as f64 / 1e6,
+                bw.best() / 1e9,
+                self.roofline_ts()
+            );
+        }
+        println!(
+            "peak RSS: {:.1} MB{} (bound: file {:.1} MB + KV cache {:.1} MB + 300 MB = {:.1} MB)",
+            self.peak_rss as f64 / 1e6,
+            if self.peak_rss_includes_probe {
+                ", bandwidth probe included"
+            } else {
+                ""
+            },
+            self.file_size as f64 / 1e6,
+            self.kv_bytes as f64 / 1e6,
+            self.rss_bound() as f64 / 1e6,
+        );
     }
 }
 
@@ -200,6 +320,7 @@ fn prefill(
     for (ci, part) in toks.chunks(chunk).enumerate() {
         let pos: Vec<usize> = (ci * chunk..ci * chunk + part.len()).collect();
         let seq = vec![0; part.len()];
+        // Logits for the chunk's last token only, as llama-bench: the output projection is one row.
         let mut want = vec![false; part.len()];
         *want.last_mut().expect("non-empty chunk") = true;
         model.forward(
@@ -229,8 +350,71 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 fn truncate(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
+}
+
+/// llama-bench's size column: MiB below 1 GiB, GiB above.
+fn size_label(bytes: u64) -> String {
+    if bytes < 1 << 30 {
+        format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+    }
+}
+
+/// llama-bench's params column: M below a billion, B above.
+fn params_label(n: u64) -> String {
+    if n < 1_000_000_000 {
+        format!("{:.2} M", n as f64 / 1e6)
+    } else {
+        format!("{:.2} B", n as f64 / 1e9)
+    }
+}
+
+/// The CPU's model name, as llama-bench's `cpu_info`.
+fn cpu_info() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+/// `2026-11-29T19:18:28Z`, as llama-bench's `test_time`.
+fn utc_timestamp(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (H. Hinnant, "chrono-Compatible Low-Level Date Algorithms").
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 /// Bytes of weights one decode step reads: every matrix once, except the token embeddings (one row)
@@ -266,38 +450,14 @@ fn weight_bytes_per_token(model: &Model) -> u64 {
     total
 }
 
-/// Read bandwidth of this machine with the pool's threads: a streaming sum over a buffer much larger
-/// than the caches, best of a few passes.
-fn measure_bandwidth(pool: &ThreadPool) -> f64 {
-    const BYTES: usize = 1 << 28;
-    let buf: Vec<u64> = (0..BYTES / 8).map(|i| i as u64).collect();
-    let parts = pool.n_threads() * 4;
-    let chunk = buf.len().div_ceil(parts);
-    let sink = std::sync::atomic::AtomicU64::new(0);
-    let mut best = 0f64;
-    for _ in 0..4 {
-        let t0 = Instant::now();
-        pool.run(parts, &|i| {
-            let s = &buf[(i * chunk).min(buf.len())..((i + 1) * chunk).min(buf.len())];
-            let mut acc = [0u64; 8];
-            for c in s.chunks_exact(8) {
-                for k in 0..8 {
-                    acc[k] = acc[k].wrapping_add(c[k]);
-                }
-            }
-            sink.fetch_add(
-                acc.iter().fold(0u64, |a, b| a.wrapping_add(*b)),
-                std::sync::atomic::Ordering::Relaxed,
-            );
-        });
-        best = best.max(BYTES as f64 / t0.elapsed().as_secs_f64());
-    }
-    std::hint::black_box(sink.into_inner());
-    best
+/// Resets this process's peak-RSS mark (`VmHWM`, and with it the `ru_maxrss` a parent sees) to the
+/// current RSS, by writing 5 to /proc/self/clear_refs (Linux ≥ 4.0). False where that is refused.
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 /// Peak resident memory of this process (`VmHWM`), in bytes; 0 where unknown.
-pub fn peak_rss_bytes() -> u64 {
+fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -306,4 +466,33 @@ pub fn peak_rss_bytes() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         })
         .map_or(0, |kb| kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn timestamps_are_utc_iso8601() {
+        let at = |s| utc_timestamp(UNIX_EPOCH + Duration::from_secs(s));
+        assert_eq!(at(0), "1970-01-01T00:00:00Z");
+        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(at(1_798_571_908), "2026-12-29T19:18:28Z");
+    }
+
+    #[test]
+    fn labels_match_llama_bench() {
+        assert_eq!(size_label(96_576_768), "92.10 MiB");
+        assert_eq!(size_label(5 << 30), "5.00 GiB");
+        assert_eq!(params_label(134_515_008), "134.52 M");
+        assert_eq!(params_label(30_532_122_624), "30.53 B");
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
 }

@@ -1,0 +1,78 @@
+//! `hearth bench --json` on a tiny synthetic MoE: llama-bench's keys for both tests, a measured
+//! bandwidth and roofline, and a peak RSS that leaves out the 1 GiB bandwidth probe (it once did not).
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn hearth(args: &[&str]) -> std::process::Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(args)
+        .output()
+        .expect("running hearth");
+    assert!(
+        out.status.success(),
+        "hearth {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn json_has_llama_bench_keys_and_peak_rss_excludes_the_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    let model = model.to_str().unwrap();
+    hearth(&["synth", "qwen3-moe-tiny", "-o", model]);
+    let out = hearth(&[
+        "bench", model, "-t", "2", "-p", "8", "-n", "4", "-r", "2", "--json",
+    ]);
+    let tests: Vec<Value> = serde_json::from_slice(&out.stdout).expect("a JSON array");
+    assert_eq!(tests.len(), 2);
+    let (pp, tg) = (&tests[0], &tests[1]);
+    assert_eq!(
+        (pp["n_prompt"].as_u64(), pp["n_gen"].as_u64()),
+        (Some(8), Some(0))
+    );
+    assert_eq!(
+        (tg["n_prompt"].as_u64(), tg["n_gen"].as_u64()),
+        (Some(0), Some(4))
+    );
+    for t in &tests {
+        for key in [
+            "model_filename",
+            "model_type",
+            "model_size",
+            "model_n_params",
+            "n_batch",
+            "n_ubatch",
+            "type_k",
+            "type_v",
+            "n_depth",
+            "test_time",
+            "avg_ns",
+            "stddev_ns",
+            "stddev_ts",
+        ] {
+            assert!(t.get(key).is_some(), "missing {key} in {t}");
+        }
+        assert_eq!(t["n_threads"].as_u64(), Some(2));
+        assert!(t["avg_ts"].as_f64().unwrap() > 0.0);
+        assert_eq!(t["samples_ts"].as_array().unwrap().len(), 2);
+    }
+
+    assert!(tg["read_bandwidth_gbs"].as_f64().unwrap() > 0.0);
+    assert_eq!(tg["read_bandwidth_threads"].as_u64(), Some(2));
+    assert!(tg["read_bandwidth_buffer_bytes"].as_u64().unwrap() >= 64 << 20);
+    assert!(tg["roofline_ts"].as_f64().unwrap() > 0.0);
+    assert!(tg["weight_bytes_per_token"].as_u64().unwrap() > 0);
+
+    let rss = tg["peak_rss_bytes"].as_u64().unwrap();
+    let bound = tg["peak_rss_bound_bytes"].as_u64().unwrap();
+    assert!(rss > 0);
+    if tg["peak_rss_includes_probe"] == Value::Bool(false) {
+        // A tiny model needs a few tens of MB, under the 300 MB slack; the 1 GiB probe would not be.
+        assert!(rss <= bound, "peak RSS {rss} over the bound {bound}");
+    }
+}
