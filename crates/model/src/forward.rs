@@ -166,15 +166,30 @@ impl Model {
             );
         }
 
-        for (l, layer) in self.layers.iter().enumerate() {
-            self.attention_block(pool, kv, s, batch, l, layer, &mut tap);
-            self.ffn_block(pool, s, n, l, layer, &mut tap);
-        }
-
         s.out_rows.clear();
         s.out_rows.extend((0..n).filter(|&t| batch.logits[t]));
         let n_out = s.out_rows.len();
-        for (i, &t) in s.out_rows.iter().enumerate() {
+        // Past the last layer's attention only the rows whose logits are wanted matter (as
+        // llama.cpp's `inp_out_ids`): the last FFN runs on those alone, none in a mid-prompt chunk.
+        // Rows are independent, so their values do not change. A tap sees every row.
+        let compact = tap.is_none();
+        let last = self.layers.len().saturating_sub(1);
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.attention_block(pool, kv, s, batch, l, layer, &mut tap);
+            if l == last && compact {
+                for (i, &t) in s.out_rows.iter().enumerate() {
+                    s.x.copy_within(t * d..(t + 1) * d, i * d);
+                }
+                if n_out > 0 {
+                    self.ffn_block(pool, s, n_out, l, layer, &mut tap);
+                }
+            } else {
+                self.ffn_block(pool, s, n, l, layer, &mut tap);
+            }
+        }
+
+        for i in 0..n_out {
+            let t = if compact { i } else { s.out_rows[i] };
             rms_norm_into(
                 &mut s.xn[i * d..(i + 1) * d],
                 &s.x[t * d..(t + 1) * d],

@@ -28,6 +28,18 @@ fn run(
     together: bool,
     kv_type: KvType,
 ) -> Vec<Vec<Vec<f32>>> {
+    run_wanting(model, threads, chunk, together, kv_type, |_| true)
+}
+
+/// [`run`], asking for the logits of the positions `want` accepts only.
+fn run_wanting(
+    model: &Model,
+    threads: usize,
+    chunk: usize,
+    together: bool,
+    kv_type: KvType,
+    wanted: impl Fn(usize) -> bool,
+) -> Vec<Vec<Vec<f32>>> {
     let c = &model.config;
     let seqs = prompts(c.n_vocab as u32);
     let pool = ThreadPool::new(threads);
@@ -42,18 +54,18 @@ fn run(
             (0..seqs.len()).map(|s| vec![s]).collect()
         };
         for group in groups {
-            let (mut tokens, mut pos, mut seq) = (vec![], vec![], vec![]);
+            let (mut tokens, mut pos, mut seq, mut want) = (vec![], vec![], vec![], vec![]);
             for &s in &group {
                 for (p, &t) in seqs[s].iter().enumerate().skip(start).take(chunk) {
                     tokens.push(t);
                     pos.push(p);
                     seq.push(s);
+                    want.push(wanted(p));
                 }
             }
             if tokens.is_empty() {
                 continue;
             }
-            let want = vec![true; tokens.len()];
             let batch = Batch {
                 tokens: &tokens,
                 pos: &pos,
@@ -63,7 +75,8 @@ fn run(
             let logits = model
                 .forward(&pool, &mut kv, &mut scratch, &batch, None)
                 .unwrap();
-            for (row, &s) in logits.chunks_exact(c.n_vocab).zip(&seq) {
+            let wanted_seqs = seq.iter().zip(&want).filter(|(_, &w)| w).map(|(s, _)| s);
+            for (row, &s) in logits.chunks_exact(c.n_vocab).zip(wanted_seqs) {
                 out[s].push(row.to_vec());
             }
         }
@@ -87,6 +100,23 @@ fn assert_invariant(name: &str) {
             assert!(
                 got == reference,
                 "{name}: logits differ with {threads} threads, chunks of {chunk}, batched together: {together}, {kv_type:?}"
+            );
+        }
+        // Asking for fewer rows' logits (the last layer's FFN then runs on those alone, and on none
+        // in a chunk without any) changes none of them.
+        let every_third = |p: usize| p % 3 == 2;
+        let want: Vec<Vec<Vec<f32>>> = reference
+            .iter()
+            .map(|rows| {
+                let kept = rows.iter().enumerate().filter(|(p, _)| every_third(*p));
+                kept.map(|(_, r)| r.clone()).collect()
+            })
+            .collect();
+        for chunk in [5, 2] {
+            let got = run_wanting(&model, 2, chunk, true, kv_type, every_third);
+            assert!(
+                got == want,
+                "{name}: logits differ when only some rows want them"
             );
         }
     }
