@@ -4,7 +4,8 @@
 //!   floats, against `Level::Scalar` within `1e-5 * sum|terms| + 1e-6` (integer sums are exact; only
 //!   the order of the f32 accumulation differs);
 //! - tiles: `vec_dot_tile_at` / `vec_dot_rows_at` bit-identical to `vec_dot_at` at the same level,
-//!   for 1..=8 and odd activation counts (batch invariance);
+//!   for 1..=8 and odd activation counts (batch invariance), and `vec_dot_matrix_at` for ragged
+//!   weight-row and token counts around the register-blocked kernel's 16 rows and 32 tokens;
 //! - quantizers: the SIMD Q8_0 / Q8_1 / Q8_K / F16 quantizers bit-identical to the reference,
 //!   including exact rounding ties, zeros, extremes and blocks with NaN or infinities.
 
@@ -213,7 +214,17 @@ fn matrix_is_bit_identical_to_single_dots() {
             let n = if ty.block_size() == 1 { 77 } else { 512 };
             let wrow = ty.row_bytes(n as u64).unwrap() as usize;
             let arow = aty.row_bytes(n as u64).unwrap() as usize;
-            for (n_w, n_acts) in [(1, 1), (3, 1), (5, 7), (2, 8), (7, 11)] {
+            // Ragged on both sides of the AVX-512 kernel's 16-row registers and 32-token passes.
+            for (n_w, n_acts) in [
+                (1, 1),
+                (3, 1),
+                (5, 7),
+                (2, 8),
+                (7, 11),
+                (17, 3),
+                (16, 33),
+                (35, 2),
+            ] {
                 // Weight rows padded by 3 bytes, activation rows packed.
                 let wstride = wrow + 3;
                 let mut w = vec![0u8; wstride * n_w];

@@ -13,6 +13,11 @@
 //! [`vec_dot_tile`] is bit-identical to [`crate::vec_dot`] at the same level for every element,
 //! whatever the batch or tile size (batch invariance).
 //!
+//! At [`Level::Avx512`], Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL and Q4_K/Q5_K/Q6_K use the
+//! register-blocked kernels of `lanes.rs` instead: 16 weight rows per register (one per lane) against
+//! up to 4 tokens at a time, where each element is one f32 FMA chain over its blocks in order. A
+//! single dot runs the same kernel with one row, so the rule above holds there too.
+//!
 //! Entry points: [`vec_dot_matrix`] (several weight rows × several activation rows, the one to use
 //! in a matmul), [`vec_dot_tile`] / [`vec_dot_rows`] (one weight row × several activation rows),
 //! and `*_at` twins taking an explicit [`Level`] for tests and benchmarks; `crate::vec_dot` and
@@ -25,6 +30,8 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod lanes;
 #[cfg(target_arch = "x86_64")]
 mod quantize;
 
@@ -226,13 +233,97 @@ pub fn vec_dot_rows_at(
             a.len()
         );
     }
+    if use_lanes(level, ty, w.len()) {
+        let w = Rows {
+            data: w,
+            stride: w.len(),
+            count: 1,
+        };
+        lanes_product(ty, n, &w, acts.len(), |j| acts[j], out, 1, 0);
+        return;
+    }
     for (a, o) in acts.chunks(MAX_TILE).zip(out.chunks_mut(MAX_TILE)) {
         tile(level, ty, n, w, a, o);
     }
 }
 
+/// Whether `level` runs `ty` with the register-blocked kernels of `lanes.rs` (16 weight rows per
+/// register), for weight rows `w_stride` bytes apart.
+#[inline]
+fn use_lanes(level: Level, ty: GgmlType, w_stride: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Lane offsets of up to 16 rows are i32 gather indices.
+        level >= Level::Avx512
+            && lanes::supports(ty)
+            && w_stride <= i32::MAX as usize / lanes::LANES
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (level, ty, w_stride);
+        false
+    }
+}
+
+/// Every row of `w` against activation rows `act(0..n_acts)` with the lanes kernels, in passes of
+/// at most `lanes::PASS` tokens: element (row `i`, token `j`) goes to
+/// `out[j * tok_stride + i * row_stride]`. Shapes already checked; only after [`use_lanes`].
+#[allow(clippy::too_many_arguments)]
+fn lanes_product<'a>(
+    ty: GgmlType,
+    n: usize,
+    w: &Rows,
+    n_acts: usize,
+    act: impl Fn(usize) -> &'a [u8],
+    out: &mut [f32],
+    tok_stride: usize,
+    row_stride: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut j0 = 0;
+        while j0 < n_acts {
+            let m = (n_acts - j0).min(lanes::PASS);
+            let mut rows: [&[u8]; lanes::PASS] = [&[]; lanes::PASS];
+            for (k, r) in rows[..m].iter_mut().enumerate() {
+                *r = act(j0 + k);
+            }
+            // SAFETY: `use_lanes` proved AVX-512 F/BW/VL/VNNI (which implies AVX2/FMA/F16C here,
+            // see `detect_cpu`) and i32 lane offsets; the callers checked every row's length and
+            // that `out` holds every element written.
+            let done = unsafe {
+                lanes::matrix(
+                    ty,
+                    n,
+                    w,
+                    &rows[..m],
+                    &mut out[j0 * tok_stride..],
+                    tok_stride,
+                    row_stride,
+                )
+            };
+            debug_assert!(done);
+            j0 += m;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (ty, n, w, n_acts, act, out, tok_stride, row_stride);
+        unreachable!("use_lanes is false off x86-64");
+    }
+}
+
 /// One pass of at most [`MAX_TILE`] activation rows; shapes already checked.
 fn tile(level: Level, ty: GgmlType, n: usize, w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
+    if use_lanes(level, ty, w.len()) {
+        let w = Rows {
+            data: w,
+            stride: w.len(),
+            count: 1,
+        };
+        lanes_product(ty, n, &w, acts.len(), |j| acts[j], out, 1, 0);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if level >= Level::Avx512 {
@@ -324,6 +415,16 @@ pub fn vec_dot_tile_at(
         "vec_dot_tile: {} activation bytes, need {need}",
         acts.len()
     );
+    if use_lanes(level, ty, w_row.len()) {
+        let w = Rows {
+            data: w_row,
+            stride: w_row.len(),
+            count: 1,
+        };
+        let act = |j: usize| &acts[j * act_row_bytes..j * act_row_bytes + alen];
+        lanes_product(ty, n, &w, n_acts, act, out, 1, 0);
+        return;
+    }
     let mut j0 = 0;
     while j0 < n_acts {
         let m = (n_acts - j0).min(MAX_TILE);
@@ -441,6 +542,11 @@ pub fn vec_dot_matrix_at(
         "vec_dot_matrix: out has {} elements, need {need}",
         out.len()
     );
+    if use_lanes(level, ty, w.stride) {
+        let act = |j: usize| acts.row(j, alen);
+        lanes_product(ty, n, &w, acts.count, act, out, out_stride, 1);
+        return;
+    }
     let mut j0 = 0;
     while j0 < acts.count {
         let m = (acts.count - j0).min(MAX_TILE);

@@ -1,0 +1,889 @@
+//! AVX-512 register-blocked kernels: 16 weight rows in the 16 lanes of a 512-bit register.
+//!
+//! A block of 16 weight rows is unpacked once per chunk of K (loaded row by row and transposed in
+//! registers, so row `r` sits in lane `r`) into 8-bit quants laid out dword by dword: register `k` holds quants `4k..4k + 4` of every row.
+//! Each activation dword is then broadcast to all lanes and `vpdpbusd` adds the 16 rows' partial
+//! sums at once; up to 4 tokens share every loaded weight register and every token shares the
+//! unpacking. Per block the f32 work is one convert, one multiply and one FMA for 16 outputs, instead
+//! of the same three per output in the one-row tiles (see `avx2.rs`).
+//!
+//! Batch invariance: an output element lives in one lane, and its value is the f32 chain
+//! `acc = fma(dx * dy, isum_b, acc)` over blocks `b` in order (plus, for formats with a minimum, a
+//! second chain added at the end), where `isum_b` is an exact integer. The same IEEE operations run
+//! in every lane whatever the number of weight rows, the lane, the number of tokens or their
+//! grouping, so a single dot (one row, one token) equals the element of any larger product bit for
+//! bit. Rows past the end of a ragged block repeat the last row and are not stored.
+//!
+//! Integer forms (all exact in i32):
+//! - Q4_1 / Q5_1 × Q8_1: unsigned quants × signed activations (`vpdpbusd`), `mx * sy` in its own chain;
+//! - Q4_0 / Q5_0 / Q8_0 / IQ4_NL × Q8_0: signed quants; the activation is biased to `a + 128` (an
+//!   unsigned byte) and `128 * sum(q)`, known when the weights are unpacked, is subtracted;
+//! - Q4_K / Q5_K × Q8_K: per 32-element sub-block `vpdpbusd` then `vpmulld` by the 6-bit scale; the
+//!   minimums through the activation's 16-element sums (`vpdpwssd`), in a second chain;
+//! - Q6_K × Q8_K: 6-bit quants `q + 32` as unsigned bytes, per 16 elements times the signed scale,
+//!   minus `32 * sum(scale * bsum)`.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::mem::size_of;
+use std::ptr::read_unaligned;
+
+use super::Rows;
+use crate::iq4::KVALUES_IQ4NL;
+use crate::GgmlType;
+
+/// Weight rows per register (one per 32-bit lane).
+pub(super) const LANES: usize = 16;
+
+/// Most activation rows (tokens) one call of [`matrix`] takes; callers pass longer lists in parts.
+pub(super) const PASS: usize = 32;
+
+/// Whether `ty` has a lanes kernel.
+pub(super) fn supports(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL | Q4_K | Q5_K | Q6_K
+    )
+}
+
+/// A weight format unpacked for lanes, paired with its activation format.
+trait Fmt {
+    /// Bytes of one weight block and of one activation block.
+    const WB: usize;
+    const AB: usize;
+    /// Blocks unpacked at a time.
+    const CHUNK: usize;
+    /// `CHUNK` blocks of 16 rows, unpacked.
+    type P;
+    /// What a token needs per chunk besides its raw blocks (converted scales, biased quants).
+    type Q;
+    /// Unpacks `cn` blocks from the transposed chunk.
+    unsafe fn pack(src: &TChunk, cn: usize, p: &mut Self::P);
+    /// Prepares `cn` activation blocks starting at `a`.
+    unsafe fn prep(a: *const u8, cn: usize, q: &mut Self::Q);
+    /// Block `b` of the chunk against `T` tokens (`a[t]` points at the token's block `b`).
+    unsafe fn step<const T: usize>(
+        p: &Self::P,
+        b: usize,
+        a: &[*const u8; T],
+        q: &[&Self::Q; T],
+        acc: &mut [__m512; T],
+        accm: &mut [__m512; T],
+    );
+    /// The output from the two chains.
+    unsafe fn finish(acc: __m512, accm: __m512) -> __m512;
+}
+
+/// Most dwords of one chunk of one row (Q8_0: 8 blocks of 34 bytes).
+const MAX_DW: usize = 80;
+
+/// A chunk of 16 rows, transposed: `d[k]` lane `r` is dword `k` (bytes `4k..4k + 4`) of row `r`.
+/// Loading the rows and transposing them in registers is several times faster than `vpgatherdd`
+/// (measured: gathers held decode to ~3 GB/s).
+struct TChunk {
+    d: [__m512i; MAX_DW],
+}
+
+impl TChunk {
+    /// The 4 bytes at `off` (even) of every row.
+    #[inline(always)]
+    unsafe fn dw(&self, off: usize) -> __m512i {
+        let i = off / 4;
+        if off % 4 == 0 {
+            self.d[i]
+        } else {
+            // Upper half of dword i and lower half of dword i + 1, word by word.
+            let sel = _mm512_set_epi16(
+                62, 31, 60, 29, 58, 27, 56, 25, 54, 23, 52, 21, 50, 19, 48, 17, 46, 15, 44, 13, 42,
+                11, 40, 9, 38, 7, 36, 5, 34, 3, 32, 1,
+            );
+            _mm512_permutex2var_epi16(self.d[i], sel, self.d[i + 1])
+        }
+    }
+
+    /// Loads `len` bytes at `off` of each row `rows[l]` and transposes them. Whole 64-byte loads
+    /// where they stay below `end` (the end of the weight buffer; rows are usually back to back);
+    /// masked loads, several times slower on some CPUs, only at the very end.
+    #[inline(always)]
+    unsafe fn load(&mut self, rows: &[*const u8; LANES], end: *const u8, off: usize, len: usize) {
+        debug_assert!(len <= 4 * MAX_DW);
+        let mut done = 0;
+        while done < len {
+            let left = len - done;
+            let mask: u64 = if left >= 64 { !0 } else { (1u64 << left) - 1 };
+            let mut r = [_mm512_setzero_si512(); 16];
+            for (l, v) in r.iter_mut().enumerate() {
+                let p = rows[l].add(off + done);
+                *v = if left >= 64 || (end as usize).saturating_sub(p as usize) >= 64 {
+                    _mm512_loadu_si512(p.cast())
+                } else {
+                    _mm512_maskz_loadu_epi8(mask, p.cast())
+                };
+            }
+            transpose16(&mut r);
+            self.d[done / 4..done / 4 + 16].copy_from_slice(&r);
+            done += 64;
+        }
+    }
+}
+
+/// In-register transpose of 16 × 16 dwords: afterwards `r[k]` lane `l` is dword `k` of input `l`.
+#[inline(always)]
+unsafe fn transpose16(r: &mut [__m512i; 16]) {
+    let mut t = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4g + c], 128-bit lane L: rows 4g..4g + 4 of dword 4L + c.
+    let mut u = [_mm512_setzero_si512(); 16];
+    for g in 0..4 {
+        u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    for c in 0..4 {
+        let x0 = _mm512_shuffle_i32x4::<0b01_00_01_00>(u[c], u[4 + c]);
+        let x1 = _mm512_shuffle_i32x4::<0b11_10_11_10>(u[c], u[4 + c]);
+        let y0 = _mm512_shuffle_i32x4::<0b01_00_01_00>(u[8 + c], u[12 + c]);
+        let y1 = _mm512_shuffle_i32x4::<0b11_10_11_10>(u[8 + c], u[12 + c]);
+        r[c] = _mm512_shuffle_i32x4::<0b10_00_10_00>(x0, y0);
+        r[4 + c] = _mm512_shuffle_i32x4::<0b11_01_11_01>(x0, y0);
+        r[8 + c] = _mm512_shuffle_i32x4::<0b10_00_10_00>(x1, y1);
+        r[12 + c] = _mm512_shuffle_i32x4::<0b11_01_11_01>(x1, y1);
+    }
+}
+
+#[inline(always)]
+unsafe fn bcast(p: *const u8) -> __m512i {
+    _mm512_set1_epi32(read_unaligned(p.cast::<i32>()))
+}
+
+#[inline(always)]
+unsafe fn bcast_f(p: *const f32) -> __m512 {
+    _mm512_set1_ps(*p)
+}
+
+/// The f16 in the low (`HI = false`) or high half of each lane, as f32.
+#[inline(always)]
+unsafe fn half_f32<const HI: bool>(v: __m512i) -> __m512 {
+    let v = if HI { _mm512_srli_epi32(v, 16) } else { v };
+    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v))
+}
+
+#[inline(always)]
+unsafe fn nib_lo(v: __m512i) -> __m512i {
+    _mm512_and_si512(v, _mm512_set1_epi8(0x0f))
+}
+
+#[inline(always)]
+unsafe fn nib_hi(v: __m512i) -> __m512i {
+    _mm512_and_si512(_mm512_srli_epi32(v, 4), _mm512_set1_epi8(0x0f))
+}
+
+/// Bits `4k..4k + 4` of each lane of `qh`, moved to bit 4 of bytes 0..4.
+#[inline(always)]
+unsafe fn qh_bits(qh: __m512i, k: u32) -> __m512i {
+    let h = _mm512_and_si512(
+        _mm512_srl_epi32(qh, _mm_cvtsi32_si128(4 * k as i32)),
+        _mm512_set1_epi32(0xf),
+    );
+    // Bit j of h lands at bit 8j (the other copies fall outside the mask, with no carries).
+    let s = _mm512_and_si512(
+        _mm512_mullo_epi32(h, _mm512_set1_epi32(0x0020_4081)),
+        _mm512_set1_epi32(0x0101_0101),
+    );
+    _mm512_slli_epi32(s, 4)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Legacy 32-element formats.
+
+/// Blocks of a legacy format unpacked at a time.
+const LCHUNK: usize = 8;
+
+/// Legacy weights: 8 registers of quants per block plus the scale and a second per-row value
+/// (the minimum for type 1, `-128 * sum(q)` for type 0).
+struct LegacyP {
+    q: [[__m512i; 8]; LCHUNK],
+    d: [__m512; LCHUNK],
+    m: [__m512; LCHUNK],
+}
+
+/// How a legacy weight block unpacks: its 32 quants as 8 dwords (unsigned for type 1, signed for
+/// type 0), its scale and (type 1) minimum, from the transposed chunk at byte offset `o`.
+trait Legacy {
+    const WB: usize;
+    /// Blocks per chunk (at most [`LCHUNK`]): chosen so a chunk nearly fills whole 64-byte loads.
+    const CHUNK: usize;
+    /// Type 1 (with a minimum, paired with Q8_1).
+    const TYPE1: bool;
+    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m512i; 8]) -> (__m512, __m512);
+}
+
+struct Q4_0;
+struct Q4_1;
+struct Q5_0;
+struct Q5_1;
+struct Q8_0;
+struct Iq4Nl;
+
+impl Legacy for Q4_0 {
+    const WB: usize = 18;
+    const CHUNK: usize = 7;
+    const TYPE1: bool = false;
+    #[inline(always)]
+    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
+        let eight = _mm512_set1_epi8(8);
+        for k in 0..4 {
+            let g = src.dw(o + 2 + 4 * k);
+            q[k] = _mm512_sub_epi8(nib_lo(g), eight);
+            q[k + 4] = _mm512_sub_epi8(nib_hi(g), eight);
+        }
+        (half_f32::<false>(src.dw(o)), _mm512_setzero_ps())
+    }
+}
+
+impl Legacy for Q4_1 {
+    const WB: usize = 20;
+    const CHUNK: usize = 6;
+    const TYPE1: bool = true;
+    #[inline(always)]
+    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
+        for k in 0..4 {
+            let g = src.dw(o + 4 + 4 * k);
+            q[k] = nib_lo(g);
+            q[k + 4] = nib_hi(g);
+        }
+        let dm = src.dw(o);
+        (half_f32::<false>(dm), half_f32::<true>(dm))
+    }
+}
+
+impl Legacy for Q5_0 {
+    const WB: usize = 22;
+    const CHUNK: usize = 8;
+    const TYPE1: bool = false;
+    #[inline(always)]
+    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
+        let qh = src.dw(o + 2);
+        let sixteen = _mm512_set1_epi8(16);
+        for k in 0..4 {
+            let g = src.dw(o + 6 + 4 * k);
+            let lo = _mm512_or_si512(nib_lo(g), qh_bits(qh, k as u32));
+            let hi = _mm512_or_si512(nib_hi(g), qh_bits(qh, k as u32 + 4));
+            q[k] = _mm512_sub_epi8(lo, sixteen);
+            q[k + 4] = _mm512_sub_epi8(hi, sixteen);
+        }
+        (half_f32::<false>(src.dw(o)), _mm512_setzero_ps())
+    }
+}
+
+impl Legacy for Q5_1 {
+    const WB: usize = 24;
+    const CHUNK: usize = 8;
+    const TYPE1: bool = true;
+    #[inline(always)]
+    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
+        let qh = src.dw(o + 4);
+        for k in 0..4 {
+            let g = src.dw(o + 8 + 4 * k);
+            q[k] = _mm512_or_si512(nib_lo(g), qh_bits(qh, k as u32));
+            q[k + 4] = _mm512_or_si512(nib_hi(g), qh_bits(qh, k as u32 + 4));
+        }
+        let dm = src.dw(o);
+        (half_f32::<false>(dm), half_f32::<true>(dm))
+    }
+}
+
+impl Legacy for Q8_0 {
+    const WB: usize = 34;
+    const CHUNK: usize = 7;
+    const TYPE1: bool = false;
+    #[inline(always)]
+    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
+        for (k, qk) in q.iter_mut().enumerate() {
+            *qk = src.dw(o + 2 + 4 * k);
+        }
+        (half_f32::<false>(src.dw(o)), _mm512_setzero_ps())
+    }
+}
+
+impl Legacy for Iq4Nl {
+    const WB: usize = 18;
+    const CHUNK: usize = 7;
+    const TYPE1: bool = false;
+    #[inline(always)]
+    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
+        for k in 0..4 {
+            let g = src.dw(o + 2 + 4 * k);
+            q[k] = _mm512_shuffle_epi8(table, nib_lo(g));
+            q[k + 4] = _mm512_shuffle_epi8(table, nib_hi(g));
+        }
+        (half_f32::<false>(src.dw(o)), _mm512_setzero_ps())
+    }
+}
+
+/// A token's chunk of activation blocks, prepared: the scales as f32 (`[d, s]` per Q8_1 block, `d`
+/// per Q8_0 block) and, for Q8_0, the quants biased to `a + 128`.
+struct LegacyQ {
+    ds: [f32; 2 * LCHUNK],
+    q: [[u8; 32]; LCHUNK],
+}
+
+struct L<W>(std::marker::PhantomData<W>);
+
+impl<W: Legacy> Fmt for L<W> {
+    const WB: usize = W::WB;
+    const AB: usize = if W::TYPE1 { 36 } else { 34 };
+    const CHUNK: usize = W::CHUNK;
+    type P = LegacyP;
+    type Q = LegacyQ;
+
+    #[inline(always)]
+    unsafe fn pack(src: &TChunk, cn: usize, p: &mut LegacyP) {
+        for b in 0..cn {
+            let (d, m) = W::unpack(src, b * W::WB, &mut p.q[b]);
+            p.d[b] = d;
+            p.m[b] = if W::TYPE1 {
+                m
+            } else {
+                // -128 * sum(q), the correction for the biased activations, kept as i32 bits.
+                let ones = _mm512_set1_epi8(1);
+                let mut s = _mm512_setzero_si512();
+                for k in 0..8 {
+                    s = _mm512_dpbusd_epi32(s, ones, p.q[b][k]);
+                }
+                _mm512_castsi512_ps(_mm512_sub_epi32(
+                    _mm512_setzero_si512(),
+                    _mm512_slli_epi32(s, 7),
+                ))
+            };
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn prep(a: *const u8, cn: usize, q: &mut LegacyQ) {
+        for b in 0..cn {
+            let blk = a.add(b * Self::AB);
+            if W::TYPE1 {
+                let v = _mm_cvtph_ps(_mm_cvtsi32_si128(read_unaligned(blk.cast::<i32>())));
+                _mm_storel_epi64(q.ds.as_mut_ptr().add(2 * b).cast(), _mm_castps_si128(v));
+            } else {
+                q.ds[b] = super::avx2::f16c([*blk, *blk.add(1)]);
+                let y = _mm256_loadu_si256(blk.add(2).cast());
+                let y = _mm256_xor_si256(y, _mm256_set1_epi8(0x80u8 as i8));
+                _mm256_storeu_si256(q.q[b].as_mut_ptr().cast(), y);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn step<const T: usize>(
+        p: &LegacyP,
+        b: usize,
+        a: &[*const u8; T],
+        q: &[&LegacyQ; T],
+        acc: &mut [__m512; T],
+        accm: &mut [__m512; T],
+    ) {
+        if W::TYPE1 {
+            let mut isum = [_mm512_setzero_si512(); T];
+            for k in 0..8 {
+                let w = p.q[b][k];
+                for t in 0..T {
+                    isum[t] = _mm512_dpbusd_epi32(isum[t], w, bcast(a[t].add(4 + 4 * k)));
+                }
+            }
+            for t in 0..T {
+                let dy = bcast_f(q[t].ds.as_ptr().add(2 * b));
+                let sy = bcast_f(q[t].ds.as_ptr().add(2 * b + 1));
+                let d = _mm512_mul_ps(p.d[b], dy);
+                acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum[t]), acc[t]);
+                accm[t] = _mm512_fmadd_ps(p.m[b], sy, accm[t]);
+            }
+        } else {
+            let mut isum = [_mm512_castps_si512(p.m[b]); T];
+            for k in 0..8 {
+                let w = p.q[b][k];
+                for t in 0..T {
+                    let y = bcast(q[t].q[b].as_ptr().add(4 * k));
+                    isum[t] = _mm512_dpbusd_epi32(isum[t], y, w);
+                }
+            }
+            for t in 0..T {
+                let d = _mm512_mul_ps(p.d[b], bcast_f(q[t].ds.as_ptr().add(b)));
+                acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum[t]), acc[t]);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn finish(acc: __m512, accm: __m512) -> __m512 {
+        if W::TYPE1 {
+            _mm512_add_ps(acc, accm)
+        } else {
+            acc
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// K-quants × Q8_K (one super-block of 256 per chunk).
+
+/// Q8_K: `d` (f32) at 0, 256 quants at 4, 16 i16 sums of 16 quants at 260.
+const Q8K_QS: usize = 4;
+const Q8K_BSUMS: usize = 260;
+
+/// Q4_K / Q5_K unpacked: 64 registers of quants (register `k` holds elements `4k..4k + 4`), the
+/// eight sub-block scales as i32, the eight minimums as i16 pairs `[m, m]`, `d` and `dmin`.
+struct K45P {
+    q: [__m512i; 64],
+    sc: [__m512i; 8],
+    mn: [__m512i; 8],
+    d: __m512,
+    dmin: __m512,
+}
+
+struct K45<const Q5: bool>;
+
+impl<const Q5: bool> Fmt for K45<Q5> {
+    const WB: usize = if Q5 { 176 } else { 144 };
+    const AB: usize = 292;
+    const CHUNK: usize = 1;
+    type P = K45P;
+    type Q = ();
+
+    #[inline(always)]
+    unsafe fn pack(src: &TChunk, _cn: usize, p: &mut K45P) {
+        let o = 0;
+        let dd = src.dw(o);
+        p.d = half_f32::<false>(dd);
+        p.dmin = half_f32::<true>(dd);
+        // The 6-bit scales and minimums, as `avx2::k4_scales_mins` in every lane.
+        let u0 = src.dw(o + 4);
+        let u1 = src.dw(o + 8);
+        let u2 = src.dw(o + 12);
+        let m6 = _mm512_set1_epi32(0x3f3f_3f3f);
+        let m4 = _mm512_set1_epi32(0x0f0f_0f0f);
+        let m2 = _mm512_set1_epi32(0x0303_0303);
+        let sc_lo = _mm512_and_si512(u0, m6);
+        let sc_hi = _mm512_or_si512(
+            _mm512_and_si512(u2, m4),
+            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), m2), 4),
+        );
+        let mn_lo = _mm512_and_si512(u1, m6);
+        let mn_hi = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi32(u2, 4), m4),
+            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), m2), 4),
+        );
+        let byte = _mm512_set1_epi32(0xff);
+        for s in 0..4 {
+            let sh = _mm_cvtsi32_si128(8 * s as i32);
+            p.sc[s] = _mm512_and_si512(_mm512_srl_epi32(sc_lo, sh), byte);
+            p.sc[s + 4] = _mm512_and_si512(_mm512_srl_epi32(sc_hi, sh), byte);
+            let ml = _mm512_and_si512(_mm512_srl_epi32(mn_lo, sh), byte);
+            let mh = _mm512_and_si512(_mm512_srl_epi32(mn_hi, sh), byte);
+            p.mn[s] = _mm512_or_si512(ml, _mm512_slli_epi32(ml, 16));
+            p.mn[s + 4] = _mm512_or_si512(mh, _mm512_slli_epi32(mh, 16));
+        }
+        let qs = if Q5 { 48 } else { 16 };
+        let one = _mm512_set1_epi8(1);
+        for c in 0..4 {
+            for t in 0..8 {
+                let g = src.dw(o + qs + 32 * c + 4 * t);
+                let (mut lo, mut hi) = (nib_lo(g), nib_hi(g));
+                if Q5 {
+                    // Bit 2c (2c + 1) of each qh byte is the fifth bit of sub-block 2c (2c + 1).
+                    let h = src.dw(o + 16 + 4 * t);
+                    let hl =
+                        _mm512_and_si512(_mm512_srl_epi32(h, _mm_cvtsi32_si128(2 * c as i32)), one);
+                    let hh = _mm512_and_si512(
+                        _mm512_srl_epi32(h, _mm_cvtsi32_si128(2 * c as i32 + 1)),
+                        one,
+                    );
+                    lo = _mm512_or_si512(lo, _mm512_slli_epi32(hl, 4));
+                    hi = _mm512_or_si512(hi, _mm512_slli_epi32(hh, 4));
+                }
+                p.q[16 * c + t] = lo;
+                p.q[16 * c + 8 + t] = hi;
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn prep(_a: *const u8, _cn: usize, _q: &mut ()) {}
+
+    #[inline(always)]
+    unsafe fn step<const T: usize>(
+        p: &K45P,
+        _b: usize,
+        a: &[*const u8; T],
+        _q: &[&(); T],
+        acc: &mut [__m512; T],
+        accm: &mut [__m512; T],
+    ) {
+        let mut tot = [_mm512_setzero_si512(); T];
+        let mut ms = [_mm512_setzero_si512(); T];
+        for s in 0..8 {
+            let mut is = [_mm512_setzero_si512(); T];
+            for k in 0..8 {
+                let w = p.q[8 * s + k];
+                for t in 0..T {
+                    is[t] = _mm512_dpbusd_epi32(is[t], w, bcast(a[t].add(Q8K_QS + 32 * s + 4 * k)));
+                }
+            }
+            for t in 0..T {
+                tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(is[t], p.sc[s]));
+                ms[t] = _mm512_dpwssd_epi32(ms[t], p.mn[s], bcast(a[t].add(Q8K_BSUMS + 4 * s)));
+            }
+        }
+        for t in 0..T {
+            let dy = bcast_f(a[t].cast::<f32>());
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(p.d, dy), _mm512_cvtepi32_ps(tot[t]), acc[t]);
+            accm[t] = _mm512_fmadd_ps(
+                _mm512_mul_ps(p.dmin, dy),
+                _mm512_cvtepi32_ps(ms[t]),
+                accm[t],
+            );
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn finish(acc: __m512, accm: __m512) -> __m512 {
+        _mm512_sub_ps(acc, accm)
+    }
+}
+
+/// Q6_K unpacked: 64 registers of `q + 32` (0..63; register `k` holds elements `4k..4k + 4`), the
+/// 16 signed scales as i32, the scales as i16 pairs `[sc[2p], sc[2p + 1]]`, and `d`.
+struct Q6P {
+    q: [__m512i; 64],
+    sc: [__m512i; 16],
+    scp: [__m512i; 8],
+    d: __m512,
+}
+
+struct Q6K;
+
+impl Fmt for Q6K {
+    const WB: usize = 210;
+    const AB: usize = 292;
+    const CHUNK: usize = 1;
+    type P = Q6P;
+    type Q = ();
+
+    #[inline(always)]
+    unsafe fn pack(src: &TChunk, _cn: usize, p: &mut Q6P) {
+        let o = 0;
+        // ql[128] at 0, qh[64] at 128, scales[16] at 192, d at 208 (read as the dword at 206).
+        p.d = half_f32::<true>(src.dw(o + 206));
+        for g in 0..4 {
+            let s4 = src.dw(o + 192 + 4 * g);
+            for k in 0..4 {
+                let up = _mm512_sll_epi32(s4, _mm_cvtsi32_si128(24 - 8 * k as i32));
+                let v = _mm512_srai_epi32(up, 24);
+                p.sc[4 * g + k] = v;
+            }
+            // i16 pairs: [sc[4g], sc[4g + 1]] and [sc[4g + 2], sc[4g + 3]].
+            let lo16 = _mm512_srai_epi16(_mm512_slli_epi16(s4, 8), 8);
+            let hi16 = _mm512_srai_epi16(s4, 8);
+            // lo16 = [sc0, sc2] (i16 lanes), hi16 = [sc1, sc3] per dword.
+            p.scp[2 * g] = _mm512_or_si512(
+                _mm512_and_si512(lo16, _mm512_set1_epi32(0xffff)),
+                _mm512_slli_epi32(hi16, 16),
+            );
+            p.scp[2 * g + 1] = _mm512_or_si512(
+                _mm512_srli_epi32(lo16, 16),
+                _mm512_andnot_si512(_mm512_set1_epi32(0xffff), hi16),
+            );
+        }
+        let m4 = _mm512_set1_epi8(0x0f);
+        let m2 = _mm512_set1_epi8(0x03);
+        for h in 0..2 {
+            for t in 0..8 {
+                let qh = src.dw(o + 128 + 32 * h + 4 * t);
+                for half in 0..2 {
+                    let ql = src.dw(o + 64 * h + 32 * half + 4 * t);
+                    for nib in 0..2 {
+                        let g = 2 * nib + half;
+                        let lo = _mm512_and_si512(
+                            _mm512_srl_epi32(ql, _mm_cvtsi32_si128(4 * nib as i32)),
+                            m4,
+                        );
+                        let hb = _mm512_and_si512(
+                            _mm512_srl_epi32(qh, _mm_cvtsi32_si128(2 * g as i32)),
+                            m2,
+                        );
+                        p.q[32 * h + 8 * g + t] = _mm512_or_si512(lo, _mm512_slli_epi32(hb, 4));
+                    }
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn prep(_a: *const u8, _cn: usize, _q: &mut ()) {}
+
+    #[inline(always)]
+    unsafe fn step<const T: usize>(
+        p: &Q6P,
+        _b: usize,
+        a: &[*const u8; T],
+        _q: &[&(); T],
+        acc: &mut [__m512; T],
+        _accm: &mut [__m512; T],
+    ) {
+        let mut tot = [_mm512_setzero_si512(); T];
+        let mut ms = [_mm512_setzero_si512(); T];
+        for s in 0..16 {
+            let mut is = [_mm512_setzero_si512(); T];
+            for k in 0..4 {
+                let w = p.q[4 * s + k];
+                for t in 0..T {
+                    is[t] = _mm512_dpbusd_epi32(is[t], w, bcast(a[t].add(Q8K_QS + 16 * s + 4 * k)));
+                }
+            }
+            for t in 0..T {
+                tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(is[t], p.sc[s]));
+            }
+        }
+        for pr in 0..8 {
+            for t in 0..T {
+                ms[t] = _mm512_dpwssd_epi32(ms[t], p.scp[pr], bcast(a[t].add(Q8K_BSUMS + 4 * pr)));
+            }
+        }
+        for t in 0..T {
+            let isum = _mm512_sub_epi32(tot[t], _mm512_slli_epi32(ms[t], 5));
+            let dy = bcast_f(a[t].cast::<f32>());
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(p.d, dy), _mm512_cvtepi32_ps(isum), acc[t]);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn finish(acc: __m512, _accm: __m512) -> __m512 {
+        acc
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The driver.
+
+/// `T` tokens from `j` through one chunk, accumulators loaded from and stored back to memory.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group<F: Fmt, const T: usize>(
+    p: &F::P,
+    cn: usize,
+    c0: usize,
+    a: &[*const u8; PASS],
+    q: &[F::Q; PASS],
+    j: usize,
+    acc: &mut [__m512; PASS],
+    accm: &mut [__m512; PASS],
+) {
+    let mut ac = [_mm512_setzero_ps(); T];
+    let mut am = [_mm512_setzero_ps(); T];
+    let mut qs: [&F::Q; T] = [&q[j]; T];
+    for t in 0..T {
+        ac[t] = acc[j + t];
+        am[t] = accm[j + t];
+        qs[t] = &q[j + t];
+    }
+    for b in 0..cn {
+        let mut ab = [std::ptr::null::<u8>(); T];
+        for t in 0..T {
+            ab[t] = a[j + t].add((c0 + b) * F::AB);
+        }
+        F::step::<T>(p, b, &ab, &qs, &mut ac, &mut am);
+    }
+    acc[j..j + T].copy_from_slice(&ac);
+    accm[j..j + T].copy_from_slice(&am);
+}
+
+/// Every row of `w` against the `acts` (at most [`PASS`]): element (row `i`, token `j`) goes to
+/// `out[j * tok_stride + i * row_stride]`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run<F: Fmt>(
+    nb: usize,
+    w: &Rows,
+    acts: &[&[u8]],
+    out: &mut [f32],
+    tok_stride: usize,
+    row_stride: usize,
+    scratch: *mut __m512i,
+) {
+    let nt = acts.len();
+    debug_assert!((1..=PASS).contains(&nt));
+    let mut a = [std::ptr::null::<u8>(); PASS];
+    for j in 0..nt {
+        debug_assert_eq!(acts[j].len(), nb * F::AB);
+        a[j] = acts[j].as_ptr();
+    }
+    const {
+        assert!(size_of::<F::P>() <= P_ZMM * 64);
+        assert!(size_of::<[F::Q; PASS]>() <= Q_ZMM * 64);
+    }
+    // SAFETY: the scratch is initialised memory of SCRATCH_ZMM registers, 64-byte aligned, and the
+    // three regions do not overlap; every type placed there (registers, f32, u8 arrays) is valid for
+    // any bit pattern.
+    let p = &mut *scratch.cast::<F::P>();
+    let tc = &mut *scratch.add(P_ZMM).cast::<TChunk>();
+    let q = &mut *scratch.add(P_ZMM + T_ZMM).cast::<[F::Q; PASS]>();
+    let acc = &mut *scratch.add(P_ZMM + T_ZMM + Q_ZMM).cast::<[__m512; PASS]>();
+    let accm = &mut *scratch
+        .add(P_ZMM + T_ZMM + Q_ZMM + PASS)
+        .cast::<[__m512; PASS]>();
+    let mut r0 = 0;
+    while r0 < w.count {
+        let nr = (w.count - r0).min(LANES);
+        let base = w.data.as_ptr().add(r0 * w.stride);
+        let end = w.data.as_ptr().add(w.data.len());
+        let mut rows = [base; LANES];
+        for (l, r) in rows.iter_mut().enumerate() {
+            *r = base.add(l.min(nr - 1) * w.stride);
+        }
+        for j in 0..nt {
+            acc[j] = _mm512_setzero_ps();
+            accm[j] = _mm512_setzero_ps();
+        }
+        let mut c0 = 0;
+        while c0 < nb {
+            let cn = (nb - c0).min(F::CHUNK);
+            // The 16 rows are read a chunk at a time each, a pattern the hardware prefetchers do not
+            // follow: while this block of rows is computed, prefetch (into L2) the block after
+            // next, which usually follows in memory (also across calls), front to back, a share
+            // per chunk. Decode streams the weights from memory and otherwise waits on the loads:
+            // 1 token x 47 MB of Q4_1 went from 4.7 GB/s to ~9 (the one-row AVX2 kernel: ~11).
+            {
+                let span = LANES * w.stride;
+                let n_chunks = nb.div_ceil(F::CHUNK);
+                let share = span.div_ceil(n_chunks).next_multiple_of(64);
+                let from = c0 / F::CHUNK * share;
+                let next = base.wrapping_add(2 * span);
+                let mut o = from;
+                while o < (from + share).min(span) {
+                    // `wrapping_add`: a prefetch may point past the buffer; it is never dereferenced.
+                    _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(o).cast());
+                    o += 64;
+                }
+            }
+            tc.load(&rows, end, c0 * F::WB, cn * F::WB);
+            F::pack(tc, cn, p);
+            for j in 0..nt {
+                F::prep(a[j].add(c0 * F::AB), cn, &mut q[j]);
+            }
+            let mut j = 0;
+            while j < nt {
+                match nt - j {
+                    1 => group::<F, 1>(p, cn, c0, &a, q, j, acc, accm),
+                    2 => group::<F, 2>(p, cn, c0, &a, q, j, acc, accm),
+                    3 => group::<F, 3>(p, cn, c0, &a, q, j, acc, accm),
+                    _ => group::<F, 4>(p, cn, c0, &a, q, j, acc, accm),
+                }
+                j += 4;
+            }
+            c0 += cn;
+        }
+        let mut v = [0f32; LANES];
+        for j in 0..nt {
+            _mm512_storeu_ps(v.as_mut_ptr(), F::finish(acc[j], accm[j]));
+            for (i, x) in v[..nr].iter().enumerate() {
+                out[j * tok_stride + (r0 + i) * row_stride] = *x;
+            }
+        }
+        r0 += nr;
+    }
+}
+
+macro_rules! entry {
+    ($name:ident, $F:ty) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $name(
+            nb: usize,
+            w: &Rows,
+            acts: &[&[u8]],
+            out: &mut [f32],
+            tok_stride: usize,
+            row_stride: usize,
+            scratch: *mut __m512i,
+        ) {
+            run::<$F>(nb, w, acts, out, tok_stride, row_stride, scratch)
+        }
+    };
+}
+
+entry!(q4_0, L<Q4_0>);
+entry!(q4_1, L<Q4_1>);
+entry!(q5_0, L<Q5_0>);
+entry!(q5_1, L<Q5_1>);
+entry!(q8_0, L<Q8_0>);
+entry!(iq4_nl, L<Iq4Nl>);
+entry!(q4_k, K45<false>);
+entry!(q5_k, K45<true>);
+entry!(q6_k, Q6K);
+
+/// Every row of `w` (each `wlen` bytes) against every row of `acts` (at most [`PASS`], each one
+/// activation row of `n` elements): element (row `i`, token `j`) is written to
+/// `out[j * tok_stride + i * row_stride]`. False if `ty` has no lanes kernel.
+///
+/// # Safety
+/// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; every row of `w` must hold `wlen`
+/// bytes, one row of `n` elements of `ty`, every activation row one row of `vec_dot_type(ty)`,
+/// `1 <= acts.len() <= PASS`, `(w.count - 1) * w.stride` must fit an i32, and `out` must hold every
+/// element written.
+pub(super) unsafe fn matrix(
+    ty: GgmlType,
+    n: usize,
+    w: &Rows,
+    acts: &[&[u8]],
+    out: &mut [f32],
+    tok_stride: usize,
+    row_stride: usize,
+) -> bool {
+    use GgmlType::*;
+    let f = match ty {
+        Q4_0 => q4_0,
+        Q4_1 => q4_1,
+        Q5_0 => q5_0,
+        Q5_1 => q5_1,
+        Q8_0 => q8_0,
+        IQ4_NL => iq4_nl,
+        Q4_K => q4_k,
+        Q5_K => q5_k,
+        Q6_K => q6_k,
+        _ => return false,
+    };
+    SCRATCH.with(|sc| {
+        let mut sc = sc.borrow_mut();
+        if sc.is_empty() {
+            sc.resize(SCRATCH_ZMM, _mm512_setzero_si512());
+        }
+        f(
+            n / ty.block_size(),
+            w,
+            acts,
+            out,
+            tok_stride,
+            row_stride,
+            sc.as_mut_ptr(),
+        );
+    });
+    true
+}
+
+/// Registers of scratch for the unpacked weights, the transposed chunk and the prepared tokens.
+const P_ZMM: usize = 96;
+const T_ZMM: usize = MAX_DW;
+const Q_ZMM: usize = 160;
+const SCRATCH_ZMM: usize = P_ZMM + T_ZMM + Q_ZMM + 2 * PASS;
+
+thread_local! {
+    /// Per-thread scratch (25 KB), allocated on a thread's first product and reused: zeroing it on
+    /// the stack at every call cost more than a decode call's arithmetic.
+    static SCRATCH: RefCell<Vec<__m512i>> = const { RefCell::new(Vec::new()) };
+}
