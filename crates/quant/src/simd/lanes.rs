@@ -163,7 +163,7 @@ unsafe fn bcast(p: *const u8) -> __m512i {
 
 #[inline(always)]
 unsafe fn bcast_f(p: *const f32) -> __m512 {
-    _mm512_set1_ps(*p)
+    _mm512_set1_ps(read_unaligned(p))
 }
 
 /// The f16 in the low (`HI = false`) or high half of each lane, as f32.
