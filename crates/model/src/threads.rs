@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 type Job = dyn Fn(usize) + Sync;
 
 /// Spins before a worker parks (a few tens of microseconds).
-const SPIN_LIMIT: u32 = 1 << 14;
+const SPIN_LIMIT: u32 = 1 << 11;
 
 struct Shared {
     generation: AtomicU64,
