@@ -22,6 +22,7 @@ use crate::iq4::BlockIQ4NL;
 use crate::k_quants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use crate::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 use crate::GgmlType;
+use std::mem::{size_of, size_of_val};
 
 /// `vpdpbusd` (AVX-512 VNNI on 256-bit registers).
 struct Vnni;
@@ -380,6 +381,150 @@ pub(super) unsafe fn tile(
         Q6_K => by_n!(q6_k, blocks(w), BlockQ8K, acts, out),
         F32 => by_n_float!(f32s, n, w, acts, out),
         BF16 => by_n_float!(bf16s, n, w, acts, out),
+        _ => return false,
+    }
+    true
+}
+
+// ---------------------------------------------------------------------------------------------
+// One token, K-quants: a row at a time, for decode.
+//
+// `lanes` keeps each output's f32 chain per super-block: `acc = fma(d·dy, Σ, acc)` (and for Q4_K /
+// Q5_K `accm = fma(dmin·dy, Σmins, accm)`, result `acc - accm`), Σ being exact i32 sums over the
+// super-block. These kernels compute the same i32 sums (in vector lanes, reduced per super-block;
+// integers are exact in any order) and then run that same f32 chain, so their results equal the
+// lanes kernel's bit for bit while reading one row at a time, front to back, which the hardware
+// prefetchers follow and which needs no transpose: what decode (one token) wants.
+
+#[inline(always)]
+unsafe fn hsum_epi32(v: __m512i) -> i32 {
+    _mm512_reduce_add_epi32(v)
+}
+
+#[inline(always)]
+unsafe fn k45_row<W: K45>(x: &[W], a: &[BlockQ8K]) -> f32 {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let one = _mm256_set1_epi8(1);
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (xb, y) in x.iter().zip(a) {
+        let (sc, mn) = k4_scales_mins(xb.scales12());
+        let (dx, dminx) = xb.d_dmin();
+        let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr().cast()));
+        let bs = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+        let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        let prod = _mm_madd_epi16(mins, q8s);
+        let ms = _mm_extract_epi32::<0>(_mm_add_epi32(
+            _mm_add_epi32(prod, _mm_srli_si128::<8>(prod)),
+            _mm_srli_si128::<4>(_mm_add_epi32(prod, _mm_srli_si128::<8>(prod))),
+        ));
+        let scales16 =
+            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(sc.as_ptr().cast())));
+        #[allow(clippy::manual_map)]
+        let hbits = match xb.qh() {
+            Some(h) => Some(_mm256_loadu_si256(h.as_ptr().cast())),
+            None => None,
+        };
+        let mut sumi = _mm512_setzero_si512();
+        for k in 0..4 {
+            let bits = _mm256_loadu_si256(xb.qs()[32 * k..].as_ptr().cast());
+            let mut q = _mm512_and_si512(join(bits, _mm256_srli_epi16(bits, 4)), m4);
+            if let Some(h) = hbits {
+                let cnt = _mm_cvtsi32_si128(2 * k as i32);
+                let cnt1 = _mm_cvtsi32_si128(2 * k as i32 + 1);
+                let hl = _mm256_and_si256(_mm256_srl_epi16(h, cnt), one);
+                let hh = _mm256_and_si256(_mm256_srl_epi16(h, cnt1), one);
+                q = _mm512_or_si512(q, _mm512_slli_epi16(join(hl, hh), 4));
+            }
+            let s = _mm512_permutexvar_epi16(
+                join(
+                    _mm256_set1_epi16(2 * k as i16),
+                    _mm256_set1_epi16(2 * k as i16 + 1),
+                ),
+                scales16,
+            );
+            let yq = load512i(&y.qs[64 * k..]);
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q, yq), s);
+        }
+        let dy = y.d();
+        acc = (dx * dy).mul_add(hsum_epi32(sumi) as f32, acc);
+        accm = (dminx * dy).mul_add(ms as f32, accm);
+    }
+    acc - accm
+}
+
+#[inline(always)]
+unsafe fn q6_k_row(x: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let m2 = _mm512_set1_epi8(3);
+    let m32 = _mm512_set1_epi8(32);
+    let mut acc = 0f32;
+    for (xb, y) in x.iter().zip(a) {
+        let sc = _mm_loadu_si128(xb.scales.as_ptr().cast());
+        let sc2 = _mm256_set_m128i(sc, sc);
+        let mut sumi = _mm512_setzero_si512();
+        for h in 0..2 {
+            let b = load512(&xb.ql[64 * h..]);
+            let bh = _mm256_loadu_si256(xb.qh[32 * h..].as_ptr().cast());
+            let hh = join(bh, _mm256_srli_epi16(bh, 2));
+            for m in 0..2 {
+                let lo = _mm512_and_si512(srl16(b, 4 * m as u32), m4);
+                let hi = _mm512_slli_epi16(_mm512_and_si512(srl16(hh, 4 * m as u32), m2), 4);
+                let q = _mm512_or_si512(lo, hi);
+                let p = (8 * h + 4 * m) as i64;
+                let idx = _mm256_set_epi64x(
+                    (p + 3) * 0x0101_0101_0101_0101,
+                    (p + 2) * 0x0101_0101_0101_0101,
+                    (p + 1) * 0x0101_0101_0101_0101,
+                    p * 0x0101_0101_0101_0101,
+                );
+                let s = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc2, idx));
+                let yq = load512i(&y.qs[128 * h + 64 * m..]);
+                let d =
+                    _mm512_sub_epi16(_mm512_maddubs_epi16(q, yq), _mm512_maddubs_epi16(m32, yq));
+                sumi = _mm512_dpwssd_epi32(sumi, d, s);
+            }
+        }
+        acc = (f16c(xb.d) * y.d()).mul_add(hsum_epi32(sumi) as f32, acc);
+    }
+    acc
+}
+
+macro_rules! k_rows {
+    ($name:ident, $body:expr, $W:ty) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        unsafe fn $name(w: &Rows, a: &[u8], out: &mut [f32], row_stride: usize) {
+            let a: &[BlockQ8K] = blocks(a);
+            for i in 0..w.count {
+                let x: &[$W] = blocks(
+                    &w.data[i * w.stride
+                        ..i * w.stride + size_of_val(a) / size_of::<BlockQ8K>() * size_of::<$W>()],
+                );
+                out[i * row_stride] = $body(x, a);
+            }
+        }
+    };
+}
+
+k_rows!(q4_k_rows, k45_row::<BlockQ4K>, BlockQ4K);
+k_rows!(q5_k_rows, k45_row::<BlockQ5K>, BlockQ5K);
+k_rows!(q6_k_rows, q6_k_row, BlockQ6K);
+
+/// Every row of `w` against one activation row `a` (Q8_K) for the K-quants, bit-identical to the
+/// `lanes` kernel (see above): element `i` goes to `out[i * row_stride]`. False for other types.
+///
+/// # Safety
+/// As `lanes::matrix` with one activation row.
+pub(super) unsafe fn k_rows_one_token(
+    ty: GgmlType,
+    w: &Rows,
+    a: &[u8],
+    out: &mut [f32],
+    row_stride: usize,
+) -> bool {
+    match ty {
+        GgmlType::Q4_K => q4_k_rows(w, a, out, row_stride),
+        GgmlType::Q5_K => q5_k_rows(w, a, out, row_stride),
+        GgmlType::Q6_K => q6_k_rows(w, a, out, row_stride),
         _ => return false,
     }
     true

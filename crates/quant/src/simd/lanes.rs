@@ -846,6 +846,10 @@ pub(super) unsafe fn matrix(
     row_stride: usize,
 ) -> bool {
     use GgmlType::*;
+    // One token through a K-quant: the row kernels give the same bits without the transpose.
+    if acts.len() == 1 && super::avx512::k_rows_one_token(ty, w, acts[0], out, row_stride) {
+        return true;
+    }
     let f = match ty {
         Q4_0 => q4_0,
         Q4_1 => q4_1,
