@@ -261,7 +261,7 @@ unsafe fn block_avx2(
 }
 
 /// Output elements accumulated in registers at a time.
-const OUT_CHUNK: usize = 32;
+const OUT_CHUNK: usize = 64;
 
 #[inline(always)]
 fn block_body(kt: &[f32], vals: &[f32], kc: usize, q: &[f32], scale: f32, state: &mut [f32]) {
