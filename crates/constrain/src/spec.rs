@@ -1,0 +1,293 @@
+//! What a request asks the output to be, and how each kind becomes an llguidance grammar.
+//!
+//! JSON is generated compactly and deterministically laid out: `", "` between items, `": "` after
+//! keys, no other whitespace, so a model cannot wander off into unbounded blank space and a schema
+//! whose strings and arrays are bounded yields output of bounded length. Objects that list
+//! `properties` but say nothing of `additionalProperties` get no extra keys (as llama.cpp's and
+//! XGrammar's converters do): a generator that may invent keys of any value is unbounded.
+
+use serde_json::{json, Map, Value};
+
+use crate::gbnf;
+use crate::ConstrainError;
+
+/// A constraint on the generated text.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Spec {
+    /// One JSON value valid under the schema.
+    JsonSchema(Value),
+    /// Any JSON object (OpenAI `json_object`, Ollama `format: "json"`).
+    JsonObject,
+    /// Any JSON value.
+    AnyJson,
+    /// Text of a GBNF grammar (llama.cpp's dialect), starting at its `root` rule.
+    Gbnf(String),
+    /// Exactly one tool call, written in `syntax`, to one of `tools` with valid arguments.
+    ToolCall {
+        /// How the model writes a call.
+        syntax: ToolSyntax,
+        /// The tools that may be called (at least one).
+        tools: Vec<Tool>,
+    },
+}
+
+/// How a model writes a tool call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolSyntax {
+    /// Qwen3 / Hermes: `<tool_call>\n{"name": "NAME", "arguments": {..}}\n</tool_call>`.
+    Qwen3Json,
+}
+
+/// A callable tool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tool {
+    /// Function name.
+    pub name: String,
+    /// JSON Schema of its arguments object (`Value::Null`: any object).
+    pub parameters: Value,
+}
+
+/// Separators and whitespace of generated JSON, as llguidance's `x-guidance` options.
+fn layout() -> Value {
+    json!({"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false})
+}
+
+/// Deepest nesting of subschemas walked (serde_json already caps the nesting of any parsed value).
+const MAX_DEPTH: usize = 128;
+
+/// The schema as it is compiled: checked to be a schema, extra keys closed, the layout set.
+pub(crate) fn prepare_schema(schema: &Value) -> Result<Value, ConstrainError> {
+    let mut s = match schema {
+        Value::Bool(true) => json!({}),
+        Value::Bool(false) => {
+            return Err(ConstrainError::Schema(
+                "the schema `false` accepts no value".into(),
+            ))
+        }
+        Value::Object(_) => schema.clone(),
+        other => {
+            return Err(ConstrainError::Schema(format!(
+                "a schema must be an object or a boolean, not {}",
+                kind(other)
+            )))
+        }
+    };
+    close_objects(&mut s, false, 0)?;
+    if let Value::Object(m) = &mut s {
+        m.insert("x-guidance".into(), layout());
+    }
+    Ok(s)
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Adds `additionalProperties: false` to every object schema with `properties` and no word on
+/// extra keys, except directly under `allOf`, where each part sees only its own properties and
+/// closing them would make the intersection refuse the others' keys.
+fn close_objects(s: &mut Value, in_all_of: bool, depth: usize) -> Result<(), ConstrainError> {
+    if depth > MAX_DEPTH {
+        return Err(ConstrainError::Schema(format!(
+            "the schema nests deeper than {MAX_DEPTH} levels"
+        )));
+    }
+    let Value::Object(m) = s else {
+        return Ok(());
+    };
+    if !in_all_of
+        && m.get("properties").is_some_and(Value::is_object)
+        && !m.contains_key("additionalProperties")
+        && !m.contains_key("unevaluatedProperties")
+    {
+        m.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    let d = depth + 1;
+    for key in [
+        "additionalProperties",
+        "items",
+        "additionalItems",
+        "contains",
+        "not",
+        "if",
+        "then",
+        "else",
+    ] {
+        if let Some(v) = m.get_mut(key) {
+            match v {
+                Value::Array(list) => {
+                    for x in list {
+                        close_objects(x, false, d)?;
+                    }
+                }
+                v => close_objects(v, false, d)?,
+            }
+        }
+    }
+    for key in ["anyOf", "oneOf", "prefixItems"] {
+        if let Some(Value::Array(list)) = m.get_mut(key) {
+            for x in list {
+                close_objects(x, false, d)?;
+            }
+        }
+    }
+    if let Some(Value::Array(list)) = m.get_mut("allOf") {
+        for x in list {
+            close_objects(x, true, d)?;
+        }
+    }
+    for key in [
+        "properties",
+        "patternProperties",
+        "$defs",
+        "definitions",
+        "dependentSchemas",
+    ] {
+        if let Some(Value::Object(map)) = m.get_mut(key) {
+            for (_, x) in map.iter_mut() {
+                close_objects(x, false, d)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The llguidance grammar of a spec; `Err` names what is wrong with the spec itself.
+pub(crate) fn to_llg(spec: &Spec) -> Result<llguidance::api::TopLevelGrammar, ConstrainError> {
+    use llguidance::api::TopLevelGrammar;
+    Ok(match spec {
+        Spec::JsonSchema(s) => TopLevelGrammar::from_json_schema(prepare_schema(s)?),
+        Spec::JsonObject => {
+            TopLevelGrammar::from_json_schema(prepare_schema(&json!({"type": "object"}))?)
+        }
+        Spec::AnyJson => TopLevelGrammar::from_json_schema(prepare_schema(&json!({}))?),
+        Spec::Gbnf(text) => TopLevelGrammar::from_lark(gbnf::to_lark(text)?),
+        Spec::ToolCall { syntax, tools } => {
+            TopLevelGrammar::from_lark(tool_call_lark(*syntax, tools)?)
+        }
+    })
+}
+
+/// The Lark grammar of one tool call: the call's JSON is one schema, an `anyOf` over the tools,
+/// each fixing its `name` and constraining `arguments` by the tool's parameters.
+fn tool_call_lark(syntax: ToolSyntax, tools: &[Tool]) -> Result<String, ConstrainError> {
+    if tools.is_empty() {
+        return Err(ConstrainError::Schema(
+            "a forced tool call needs at least one tool".into(),
+        ));
+    }
+    let mut calls = Vec::with_capacity(tools.len());
+    for t in tools {
+        let params = match &t.parameters {
+            Value::Null => json!({"type": "object"}),
+            p => p.clone(),
+        };
+        let mut params = prepare_schema(&params)
+            .map_err(|e| ConstrainError::Schema(format!("tool `{}`: {}", t.name, strip(&e))))?;
+        if let Value::Object(m) = &mut params {
+            m.remove("x-guidance");
+            // Arguments are always an object, whatever the schema leaves open.
+            if !m.contains_key("type") {
+                m.insert("type".into(), json!("object"));
+            }
+        }
+        let mut props = Map::new();
+        props.insert("name".into(), json!({"const": t.name}));
+        props.insert("arguments".into(), params);
+        calls.push(json!({
+            "type": "object",
+            "properties": props,
+            "required": ["name", "arguments"],
+            "additionalProperties": false,
+        }));
+    }
+    let mut schema = if calls.len() == 1 {
+        calls.pop().unwrap_or_default()
+    } else {
+        json!({"anyOf": calls})
+    };
+    if let Value::Object(m) = &mut schema {
+        m.insert("x-guidance".into(), layout());
+    }
+    match syntax {
+        ToolSyntax::Qwen3Json => Ok(format!(
+            "start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"
+        )),
+    }
+}
+
+/// The message of a schema error without its "invalid JSON schema: " prefix.
+fn strip(e: &ConstrainError) -> String {
+    match e {
+        ConstrainError::Schema(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_with_properties_are_closed_except_under_all_of() {
+        let s = prepare_schema(&json!({
+            "type": "object",
+            "properties": {"a": {"type": "object", "properties": {"b": {}}}},
+            "$defs": {"d": {"properties": {"x": {}}}},
+            "allOf": [{"properties": {"y": {}}}],
+            "items": {"type": "object"}
+        }))
+        .unwrap();
+        assert_eq!(s["additionalProperties"], json!(false));
+        assert_eq!(s["properties"]["a"]["additionalProperties"], json!(false));
+        assert_eq!(s["$defs"]["d"]["additionalProperties"], json!(false));
+        assert!(s["allOf"][0].get("additionalProperties").is_none());
+        assert!(
+            s["items"].get("additionalProperties").is_none(),
+            "no properties: any object"
+        );
+        assert_eq!(s["x-guidance"]["whitespace_flexible"], json!(false));
+        let open = prepare_schema(&json!({"properties": {"a": {}}, "additionalProperties": true}))
+            .unwrap();
+        assert_eq!(open["additionalProperties"], json!(true));
+    }
+
+    #[test]
+    fn non_schemas_are_refused() {
+        assert!(matches!(
+            prepare_schema(&json!(false)),
+            Err(ConstrainError::Schema(_))
+        ));
+        let e = prepare_schema(&json!([1])).unwrap_err();
+        assert!(e.to_string().contains("an array"), "{e}");
+        assert_eq!(
+            prepare_schema(&json!(true)).unwrap()["x-guidance"],
+            layout()
+        );
+    }
+
+    #[test]
+    fn tool_call_grammar_fixes_the_name() {
+        let g = tool_call_lark(
+            ToolSyntax::Qwen3Json,
+            &[Tool {
+                name: "get_weather".into(),
+                parameters: json!({"properties": {"city": {"type": "string"}}}),
+            }],
+        )
+        .unwrap();
+        assert!(
+            g.starts_with("start: \"<tool_call>\\n\" call \"\\n</tool_call>\""),
+            "{g}"
+        );
+        assert!(g.contains(r#""name":{"const":"get_weather"}"#), "{g}");
+        assert!(tool_call_lark(ToolSyntax::Qwen3Json, &[]).is_err());
+    }
+}
