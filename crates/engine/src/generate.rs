@@ -17,6 +17,8 @@ pub struct GenParams {
     pub sampler: SamplerConfig,
     /// Strings that end generation; never emitted.
     pub stop: Vec<String>,
+    /// The grammar the output must follow (`None`: free text).
+    pub constraint: Option<hearth_constrain::Grammar>,
 }
 
 /// Why generation ended.
@@ -43,17 +45,31 @@ pub struct Generation {
     pub finish: FinishReason,
 }
 
+/// Why [`generate`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// The forward pass failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The grammar could not be followed (an engine error, or every allowed token was banned).
+    #[error(transparent)]
+    Constraint(#[from] hearth_constrain::ConstrainError),
+}
+
 /// Generates a continuation of `prompt`, handing each piece of text to `on_text` as soon as it is
-/// final; `on_text` returns `false` to stop.
+/// final; `on_text` returns `false` to stop. With a constraint, only tokens that keep the output
+/// valid are sampled, end of generation comes only where it is complete, and generation ends with
+/// `Stop` as soon as nothing may follow.
 pub fn generate(
     session: &mut Session,
     tok: &Tokenizer,
     prompt: &[u32],
     params: &GenParams,
     mut on_text: impl FnMut(&str) -> bool,
-) -> Result<Generation, ModelError> {
+) -> Result<Generation, GenerateError> {
     let n_prefilled = session.set_prompt(prompt)?;
     let mut sampler = Sampler::new(params.sampler.clone());
+    let mut constraint = params.constraint.as_ref().map(|g| g.start());
     let mut stop = StopMatcher::new(&params.stop);
     let mut detok = tok.stream_decoder(false);
     let mut text = String::new();
@@ -67,9 +83,15 @@ pub fn generate(
         if params.max_tokens == Some(0) {
             break FinishReason::Length;
         }
+        if let Some(c) = constraint.as_mut() {
+            c.apply(&mut logits)?;
+        }
         let next = sampler.sample(&mut logits, session.tokens());
         if tok.is_eog(next) {
             break FinishReason::Stop;
+        }
+        if let Some(c) = constraint.as_mut() {
+            c.commit(next)?;
         }
         tokens.push(next);
         let piece = detok.push(next);
@@ -88,6 +110,9 @@ pub fn generate(
                     break FinishReason::Cancelled;
                 }
             }
+        }
+        if constraint.as_ref().is_some_and(|c| c.is_finished()) {
+            break FinishReason::Stop;
         }
         if params.max_tokens.is_some_and(|m| tokens.len() >= m)
             || session.tokens().len() + 1 > session.n_ctx()

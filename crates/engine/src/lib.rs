@@ -14,7 +14,7 @@ pub mod stop;
 mod utf8;
 
 pub use chat::ChatEncoder;
-pub use generate::{generate, FinishReason, GenParams, Generation};
+pub use generate::{generate, FinishReason, GenParams, GenerateError, Generation};
 pub use logits::{logits_report, top_k, LogitsReport};
 pub use sampler::{Sampler, SamplerConfig};
 pub use scheduler::{Scheduler, SchedulerConfig};

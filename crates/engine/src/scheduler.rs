@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use hearth_constrain::Constraint;
 use hearth_model::{Batch, KvCache, KvType, Model, Scratch, Tap, ThreadPool};
 use hearth_tokenizer::Tokenizer;
 
@@ -203,6 +204,8 @@ struct Active {
     text: Utf8Buffer,
     stop: StopMatcher,
     n_gen: usize,
+    /// Where the output stands in the request's grammar, when it has one.
+    constraint: Option<Constraint>,
 }
 
 struct Slot {
@@ -358,7 +361,9 @@ impl<'a> Engine<'a> {
             slot.used = self.step;
             let sampler = Sampler::new(p.req.sampler.clone());
             let stop = StopMatcher::new(&p.req.stop);
+            let constraint = p.req.constraint.as_ref().map(|g| g.start());
             slot.active = Some(Active {
+                constraint,
                 n_cached: common,
                 next_prompt: common,
                 last: None,
@@ -494,11 +499,43 @@ impl<'a> Engine<'a> {
             st.kv_used = self.slots.iter().map(|s| s.tokens.len()).sum();
             st.expert_load.clone_from(&self.expert_load);
         }
+        self.compute_masks(&rows);
         let n_vocab = self.model.config.n_vocab;
         for (r, row) in rows.iter().enumerate() {
             self.row_logits
                 .copy_from_slice(&logits[r * n_vocab..(r + 1) * n_vocab]);
             self.sample(row.slot);
+        }
+    }
+
+    /// Computes the allowed-token masks of the constrained sequences about to sample, spread over
+    /// the forward pass's threads (idle between passes): each sequence's grammar state is its own,
+    /// so they run side by side and the serial sampling loop only applies ready masks.
+    fn compute_masks(&mut self, rows: &[OutRow]) {
+        let mut pending: Vec<std::sync::Mutex<&mut Constraint>> = Vec::new();
+        let mut seen = vec![false; self.slots.len()];
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let sampling = rows.iter().any(|r| r.slot == i);
+            if let Some(a) = slot.active.as_mut() {
+                if sampling && !seen[i] && a.next_prompt >= a.req.prompt.len() {
+                    if let Some(c) = a.constraint.as_mut() {
+                        seen[i] = true;
+                        pending.push(std::sync::Mutex::new(c));
+                    }
+                }
+            }
+        }
+        match pending.len() {
+            0 => {}
+            1 => {
+                // Errors surface again when the mask is applied, and end that request there.
+                let _ = pending[0].get_mut().map(|c| c.compute_mask());
+            }
+            n => self.pool.run(n, &|k| {
+                if let Ok(mut c) = pending[k].lock() {
+                    let _ = c.compute_mask();
+                }
+            }),
         }
     }
 
@@ -514,7 +551,23 @@ impl<'a> Engine<'a> {
             return; // mid-prompt: no sampling yet
         }
         let lp = a.req.logprobs.map(|k| (self.row_logits.clone(), k));
+        // The grammar's mask comes before every other sampling step, so bias, penalties and
+        // truncation only ever choose among tokens that keep the output valid.
+        let mut failed = a
+            .constraint
+            .as_mut()
+            .and_then(|c| c.apply(&mut self.row_logits).err());
         let next = a.sampler.sample(&mut self.row_logits, &slot.tokens);
+        if failed.is_none() && !tok.is_eog(next) {
+            failed = a.constraint.as_mut().and_then(|c| c.commit(next).err());
+        }
+        if let Some(e) = failed {
+            let mut a = slot.active.take().expect("active");
+            slot.used = self.step;
+            self.sh.in_flight.fetch_sub(1, Ordering::AcqRel);
+            (a.sink)(Event::Error(e.to_string()));
+            return;
+        }
         let mut finish = None;
         let mut text = String::new();
         if tok.is_eog(next) {
@@ -555,7 +608,12 @@ impl<'a> Engine<'a> {
             if !alive {
                 finish = Some(FinishReason::Cancelled);
             } else if finish.is_none() {
-                if a.req.max_tokens.is_some_and(|m| a.n_gen >= m) || slot.tokens.len() + 1 >= n_ctx
+                if a.constraint.as_ref().is_some_and(Constraint::is_finished) {
+                    // The output is complete and nothing may follow: end as the grammar says,
+                    // without a step spent sampling the end-of-generation token.
+                    finish = Some(FinishReason::Stop);
+                } else if a.req.max_tokens.is_some_and(|m| a.n_gen >= m)
+                    || slot.tokens.len() + 1 >= n_ctx
                 {
                     finish = Some(FinishReason::Length);
                 } else {

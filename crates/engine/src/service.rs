@@ -46,6 +46,9 @@ pub struct Request {
     pub stop: Vec<String>,
     /// How many top alternatives to report with each token's log-probability (`None`: no logprobs).
     pub logprobs: Option<usize>,
+    /// The grammar the output must follow (`None`: free text). End of generation is allowed only
+    /// where the output is complete; the reply ends with `Stop` as soon as nothing may follow.
+    pub constraint: Option<hearth_constrain::Grammar>,
 }
 
 /// Log-probability information of one generated token.

@@ -1,11 +1,13 @@
 //! The continuous-batching scheduler: the same answers alone and among concurrent requests, with the
-//! prefix cache cold and hot; cancellation frees the sequence; limits are refused up front.
+//! prefix cache cold and hot; cancellation frees the sequence; limits are refused up front;
+//! constrained requests decoded side by side produce valid JSON or end with `length`.
 
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hearth_constrain::{Constrainer, Spec};
 use hearth_engine::{
     Backend, Event, FinishReason, ModelInfo, Request, SamplerConfig, Scheduler, SchedulerConfig,
     SubmitError,
@@ -52,6 +54,7 @@ fn request(prompt: &str, tok: &Tokenizer, max: usize, temperature: f32, seed: u6
         },
         stop: vec![],
         logprobs: None,
+        constraint: None,
     }
 }
 
@@ -248,4 +251,92 @@ fn limits_are_refused_up_front() {
         SubmitError::ShuttingDown
     );
     s.join();
+}
+
+#[test]
+fn constrained_requests_decode_valid_json_side_by_side() {
+    let s = start(4, 64);
+    let tok = s.tokenizer().clone();
+    let constrainer = Constrainer::new(tok.clone(), s.info().n_vocab).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "word": {"type": "string", "maxLength": 6},
+            "n": {"type": "integer", "minimum": -5, "maximum": 500},
+            "ok": {"type": "boolean"},
+            "list": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}
+        },
+        "required": ["word", "n", "list"]
+    });
+    let grammar = constrainer.compile(&Spec::JsonSchema(schema)).unwrap();
+    let constrained = |seed: u64, max: usize| Request {
+        constraint: Some(grammar.clone()),
+        ..request(PROMPTS[(seed % 6) as usize], &tok, max, 0.8, seed)
+    };
+    // Eight sampled requests through four slots, beside an unconstrained one.
+    let rxs: Vec<_> = (0..8)
+        .map(|seed| submit(&s, constrained(seed, 120)))
+        .collect();
+    let free = submit(&s, request(PROMPTS[0], &tok, 24, 0.0, 1));
+    let mut n_stop = 0;
+    for rx in rxs {
+        let (ids, text, done) = collect(rx);
+        let Event::Done { finish, .. } = done else {
+            unreachable!()
+        };
+        assert!(
+            ids.iter().all(|&t| !tok.is_eog(t)),
+            "no end token is emitted as text"
+        );
+        if finish == FinishReason::Stop {
+            n_stop += 1;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert!(
+                v["word"].as_str().is_some_and(|w| w.chars().count() <= 6),
+                "{text}"
+            );
+            assert!(
+                v["n"].as_i64().is_some_and(|n| (-5..=500).contains(&n)),
+                "{text}"
+            );
+            let list = v["list"].as_array().unwrap();
+            assert!(
+                list.len() <= 3 && list.iter().all(|x| x == "a" || x == "b"),
+                "{text}"
+            );
+            assert!(v
+                .as_object()
+                .unwrap()
+                .keys()
+                .all(|k| ["word", "n", "ok", "list"].contains(&k.as_str())));
+        } else {
+            assert_eq!(finish, FinishReason::Length, "{text}");
+        }
+    }
+    assert!(
+        n_stop >= 6,
+        "bounded schemas finish well within 120 tokens: {n_stop}/8 did"
+    );
+    assert!(
+        matches!(collect(free).2, Event::Done { n_gen: 24, .. }),
+        "the free request is unaffected"
+    );
+    // Cut short by the budget: `length`, and the text is not passed off as complete JSON.
+    let (_, text, done) = collect(submit(&s, constrained(3, 4)));
+    assert!(
+        matches!(
+            done,
+            Event::Done {
+                finish: FinishReason::Length,
+                n_gen: 4,
+                ..
+            }
+        ),
+        "{text}"
+    );
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&text).is_err(),
+        "{text}"
+    );
 }

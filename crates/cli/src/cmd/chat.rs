@@ -48,6 +48,7 @@ pub fn run(args: Args) -> Result<()> {
         max_tokens: args.n_predict,
         sampler: args.sampling.config()?,
         stop: args.sampling.stop.clone(),
+        constraint: None,
     };
     let mut kwargs = serde_json::Map::new();
     if args.think || args.no_think {
