@@ -22,12 +22,14 @@ pub enum Spec {
     AnyJson,
     /// Text of a GBNF grammar (llama.cpp's dialect), starting at its `root` rule.
     Gbnf(String),
-    /// Exactly one tool call, written in `syntax`, to one of `tools` with valid arguments.
+    /// One tool call, written in `syntax`, to one of `tools` with valid arguments.
     ToolCall {
         /// How the model writes a call.
         syntax: ToolSyntax,
         /// The tools that may be called (at least one).
         tools: Vec<Tool>,
+        /// The reply may instead be free text that holds no call at all.
+        optional: bool,
     },
 }
 
@@ -169,15 +171,22 @@ pub(crate) fn to_llg(spec: &Spec) -> Result<llguidance::api::TopLevelGrammar, Co
         }
         Spec::AnyJson => TopLevelGrammar::from_json_schema(prepare_schema(&json!({}))?),
         Spec::Gbnf(text) => TopLevelGrammar::from_lark(gbnf::to_lark(text)?),
-        Spec::ToolCall { syntax, tools } => {
-            TopLevelGrammar::from_lark(tool_call_lark(*syntax, tools)?)
-        }
+        Spec::ToolCall {
+            syntax,
+            tools,
+            optional,
+        } => TopLevelGrammar::from_lark(tool_call_lark(*syntax, tools, *optional)?),
     })
 }
 
 /// The Lark grammar of one tool call: the call's JSON is one schema, an `anyOf` over the tools,
-/// each fixing its `name` and constraining `arguments` by the tool's parameters.
-fn tool_call_lark(syntax: ToolSyntax, tools: &[Tool]) -> Result<String, ConstrainError> {
+/// each fixing its `name` and constraining `arguments` by the tool's parameters. When `optional`,
+/// the alternative is text in which the call's opening tag never appears.
+fn tool_call_lark(
+    syntax: ToolSyntax,
+    tools: &[Tool],
+    optional: bool,
+) -> Result<String, ConstrainError> {
     if tools.is_empty() {
         return Err(ConstrainError::Schema(
             "a forced tool call needs at least one tool".into(),
@@ -216,11 +225,38 @@ fn tool_call_lark(syntax: ToolSyntax, tools: &[Tool]) -> Result<String, Constrai
     if let Value::Object(m) = &mut schema {
         m.insert("x-guidance".into(), layout());
     }
-    match syntax {
-        ToolSyntax::Qwen3Json => Ok(format!(
-            "start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"
-        )),
+    let (open, close) = match syntax {
+        ToolSyntax::Qwen3Json => ("<tool_call>", "</tool_call>"),
+    };
+    let mut g = String::new();
+    if optional {
+        // A negated regex may match invalid UTF-8 unless intersected with `(?s:.*)`.
+        g.push_str(&format!(
+            "start: call_block | TEXT\nTEXT: /(?s:.*)/ & ~/(?s:.*){}(?s:.*)/\n",
+            regex_escape(open)
+        ));
+    } else {
+        g.push_str("start: call_block\n");
     }
+    g.push_str(&format!(
+        "call_block: {} call {}\ncall: %json {schema}\n",
+        Value::from(format!("{open}\n")),
+        Value::from(format!("\n{close}")),
+    ));
+    Ok(g)
+}
+
+/// `s` as a literal inside a Lark `/regex/` (Rust regex syntax, `/` escaped for Lark).
+fn regex_escape(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' || c == ' ' {
+            out.push(c);
+        } else {
+            out.push_str(&format!("\\x{{{:X}}}", c as u32));
+        }
+    }
+    out
 }
 
 /// The message of a schema error without its "invalid JSON schema: " prefix.
@@ -275,19 +311,20 @@ mod tests {
 
     #[test]
     fn tool_call_grammar_fixes_the_name() {
-        let g = tool_call_lark(
-            ToolSyntax::Qwen3Json,
-            &[Tool {
-                name: "get_weather".into(),
-                parameters: json!({"properties": {"city": {"type": "string"}}}),
-            }],
-        )
-        .unwrap();
+        let tools = [Tool {
+            name: "get_weather".into(),
+            parameters: json!({"properties": {"city": {"type": "string"}}}),
+        }];
+        let g = tool_call_lark(ToolSyntax::Qwen3Json, &tools, false).unwrap();
         assert!(
-            g.starts_with("start: \"<tool_call>\\n\" call \"\\n</tool_call>\""),
+            g.starts_with(
+                "start: call_block\ncall_block: \"<tool_call>\\n\" call \"\\n</tool_call>\""
+            ),
             "{g}"
         );
         assert!(g.contains(r#""name":{"const":"get_weather"}"#), "{g}");
-        assert!(tool_call_lark(ToolSyntax::Qwen3Json, &[]).is_err());
+        let g = tool_call_lark(ToolSyntax::Qwen3Json, &tools, true).unwrap();
+        assert!(g.starts_with("start: call_block | TEXT\n"), "{g}");
+        assert!(tool_call_lark(ToolSyntax::Qwen3Json, &[], false).is_err());
     }
 }

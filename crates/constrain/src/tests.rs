@@ -205,6 +205,7 @@ fn tool_calls_are_written_in_the_template_syntax() {
                 parameters: Value::Null,
             },
         ],
+        optional: false,
     };
     for seed in 0..10 {
         let (text, done) = walk(&spec, seed, 300);
@@ -288,4 +289,43 @@ fn compiled_grammars_are_cached() {
         t1.elapsed() < first * 10,
         "cache hits should be cheaper than compiling"
     );
+}
+
+#[test]
+fn an_optional_tool_call_is_a_valid_call_or_text_without_one() {
+    let tok = tokenizer();
+    let spec = Spec::ToolCall {
+        syntax: ToolSyntax::Qwen3Json,
+        tools: vec![Tool {
+            name: "f".into(),
+            parameters: json!({"properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x"]}),
+        }],
+        optional: true,
+    };
+    let g = constrainer().compile(&spec).unwrap();
+    // Plain text may end anywhere.
+    let mut s = g.start();
+    for t in tok.encode("Hello there", false) {
+        s.commit(t).unwrap();
+    }
+    assert!(s.is_accepting() && !s.is_finished());
+    // Once the call opens, its JSON is held to the schema.
+    let mut s = g.start();
+    for t in tok.encode(
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": ",
+        false,
+    ) {
+        assert!(s.allows(t), "{}", tok.token_text(t));
+        s.commit(t).unwrap();
+    }
+    assert!(!s.allows(tok.encode("\"", false)[0]));
+    assert!(s.allows(tok.encode("7", false)[0]));
+    // And the tag cannot hide inside text: after "ok <tool_call", `>` is refused.
+    let mut s = g.start();
+    for b in "ok <tool_call".bytes() {
+        let t = tok.encode(std::str::from_utf8(&[b]).unwrap(), false)[0];
+        s.commit(t).unwrap();
+    }
+    assert!(!s.allows(tok.encode(">", false)[0]));
+    assert!(s.allows(tok.encode("s", false)[0]));
 }

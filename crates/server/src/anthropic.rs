@@ -20,6 +20,7 @@ use crate::error::{Api, ApiError};
 use crate::gen::{self, ChunkTx, Sampling};
 use crate::parse::{Delta, Parsed, StreamParser};
 use crate::state::{AppState, Loaded};
+use crate::structured::{self, ToolForce};
 
 const API: Api = Api::Anthropic;
 
@@ -224,8 +225,22 @@ pub async fn messages(
     let sampler = sampling.config(API, 0)?;
     let seed = sampler.seed;
     let msgs = to_messages(req.system.as_ref(), &req.messages)?;
+    let force = structured::anthropic_tool_force(req.tool_choice.as_ref())?;
+    let tool_spec = match &force {
+        ToolForce::None => None,
+        _ => structured::tool_spec(&l, API, req.tools.as_deref().unwrap_or(&[]), &force)?,
+    };
+    let constraint = tool_spec
+        .as_ref()
+        .map(|s| structured::compile(&l, API, structured::param_of(s, API), s))
+        .transpose()?;
     let tools = to_tools(req.tools, req.tool_choice.as_ref());
-    let prompt = gen::chat_prompt(&l, API, msgs, tools.clone(), kwargs(req.thinking.as_ref()))?;
+    let mut kw = kwargs(req.thinking.as_ref());
+    if constraint.is_some() {
+        kw = structured::no_thinking(kw);
+    }
+    let prompt = gen::chat_prompt(&l, API, msgs, tools.clone(), kw)?;
+    let constrained = constraint.is_some();
     let stops: Vec<String> = req
         .stop_sequences
         .unwrap_or_default()
@@ -241,6 +256,7 @@ pub async fn messages(
             sampler,
             stop: stops.clone(),
             logprobs: None,
+            constraint,
         },
     )?;
     let tools_v = tools.map(Value::Array);
@@ -248,6 +264,7 @@ pub async fn messages(
         &l,
         tools_v.as_ref(),
         prompt.in_think,
+        constrained,
         seed,
     ));
     let model = req.model.unwrap_or_else(|| l.info().alias.clone());

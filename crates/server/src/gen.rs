@@ -334,8 +334,15 @@ pub fn check_prompt(l: &Loaded, api: Api, ids: &[u32]) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The parser configuration for a reply.
-pub fn parser_config(l: &Loaded, tools: Option<&Value>, in_think: bool, seed: u64) -> ParserConfig {
+/// The parser configuration for a reply. A constrained reply (`constrained`) is read without
+/// reasoning: its grammar applies from the first token, so all of it is the answer.
+pub fn parser_config(
+    l: &Loaded,
+    tools: Option<&Value>,
+    in_think: bool,
+    constrained: bool,
+    seed: u64,
+) -> ParserConfig {
     let has_tools = tools.is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()));
     ParserConfig {
         tools: if has_tools {
@@ -343,8 +350,8 @@ pub fn parser_config(l: &Loaded, tools: Option<&Value>, in_think: bool, seed: u6
         } else {
             ToolFormat::None
         },
-        reasoning: true,
-        starts_in_reasoning: in_think,
+        reasoning: !constrained,
+        starts_in_reasoning: in_think && !constrained,
         tool_schemas: tools.map(tool_schemas_from_request).unwrap_or_default(),
         id_seed: seed,
     }

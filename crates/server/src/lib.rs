@@ -12,6 +12,8 @@
 //! - [`openai`], [`anthropic`], [`ollama`] and [`util`] hold each API's wire types and handlers;
 //!   the reply text goes through [`parse::StreamParser`] (reasoning and tool calls) the same way
 //!   streamed or not.
+//! - [`structured`] turns `response_format`, `grammar`, Ollama's `format` and forced tool choices
+//!   into one compiled grammar that the engine's sampler follows.
 //! - [`metrics`] counts requests for `/metrics`; [`scripted`] is a backend that plays fixed text,
 //!   for tests of the reasoning and tool-call paths that a random-weight model never takes.
 
@@ -26,6 +28,7 @@ pub mod openai;
 pub mod parse;
 pub mod scripted;
 pub mod state;
+pub mod structured;
 pub mod util;
 
 pub use error::{Api, ApiError};

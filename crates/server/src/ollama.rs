@@ -19,6 +19,8 @@ use crate::error::{Api, ApiError};
 use crate::gen::{self, Sampling, StopField};
 use crate::parse::{Delta, Parsed, StreamParser};
 use crate::state::{AppState, Loaded};
+use crate::structured;
+use hearth_constrain::Grammar;
 
 const API: Api = Api::Ollama;
 
@@ -62,6 +64,8 @@ pub struct ChatRequest {
     pub think: Option<Value>,
     /// Tools.
     pub tools: Option<Vec<Value>>,
+    /// `"json"` or a JSON schema the reply must follow.
+    pub format: Option<Value>,
     /// Sampling options.
     pub options: Option<Options>,
 }
@@ -81,6 +85,8 @@ pub struct GenerateRequest {
     pub stream: Option<bool>,
     /// Thinking on or off.
     pub think: Option<Value>,
+    /// `"json"` or a JSON schema the reply must follow.
+    pub format: Option<Value>,
     /// Sampling options.
     pub options: Option<Options>,
 }
@@ -98,6 +104,13 @@ fn think_kwargs(think: Option<&Value>) -> Result<Map<String, Value>, ApiError> {
         Some(_) => return Err(ApiError::bad_request(API, "`think` must be a boolean")),
     }
     Ok(k)
+}
+
+/// The compiled grammar of a `format` field, if any.
+fn format_grammar(l: &Loaded, format: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
+    structured::ollama_format(format)?
+        .map(|s| structured::compile(l, API, "format", &s))
+        .transpose()
 }
 
 struct Plan {
@@ -356,13 +369,13 @@ pub async fn chat(
     let l = state.loaded(API)?;
     let p = plan(req.options)?;
     let tools = req.tools.filter(|t| !t.is_empty());
-    let prompt = gen::chat_prompt(
-        &l,
-        API,
-        messages(req.messages)?,
-        tools.clone(),
-        think_kwargs(req.think.as_ref())?,
-    )?;
+    let constraint = format_grammar(&l, req.format.as_ref())?;
+    let mut kwargs = think_kwargs(req.think.as_ref())?;
+    if constraint.is_some() {
+        kwargs = structured::no_thinking(kwargs);
+    }
+    let constrained = constraint.is_some();
+    let prompt = gen::chat_prompt(&l, API, messages(req.messages)?, tools.clone(), kwargs)?;
     let seed = p.sampler.seed;
     let rx = gen::submit(
         &l,
@@ -373,6 +386,7 @@ pub async fn chat(
             sampler: p.sampler,
             stop: p.stop,
             logprobs: None,
+            constraint,
         },
     )?;
     let tools_v = tools.map(Value::Array);
@@ -380,6 +394,7 @@ pub async fn chat(
         &l,
         tools_v.as_ref(),
         prompt.in_think,
+        constrained,
         seed,
     ));
     let model = req.model.unwrap_or_else(|| l.info().alias.clone());
@@ -399,6 +414,8 @@ pub async fn generate(
         return Ok(Json(json!({"model": model, "created_at": created_at(), "response": "", "done": true, "done_reason": "load"})).into_response());
     }
     let p = plan(req.options)?;
+    let constraint = format_grammar(&l, req.format.as_ref())?;
+    let constrained = constraint.is_some();
     let (ids, in_think) = if req.raw.unwrap_or(false) {
         (gen::raw_prompt(&l, API, &text)?, false)
     } else {
@@ -407,7 +424,11 @@ pub async fn generate(
             msgs.push(json!({"role": "system", "content": s}));
         }
         msgs.push(json!({"role": "user", "content": text}));
-        let pr = gen::chat_prompt(&l, API, msgs, None, think_kwargs(req.think.as_ref())?)?;
+        let mut kwargs = think_kwargs(req.think.as_ref())?;
+        if constrained {
+            kwargs = structured::no_thinking(kwargs);
+        }
+        let pr = gen::chat_prompt(&l, API, msgs, None, kwargs)?;
         (pr.ids, pr.in_think)
     };
     let seed = p.sampler.seed;
@@ -420,9 +441,10 @@ pub async fn generate(
             sampler: p.sampler,
             stop: p.stop,
             logprobs: None,
+            constraint,
         },
     )?;
-    let mut cfg = gen::parser_config(&l, None, in_think, seed);
+    let mut cfg = gen::parser_config(&l, None, in_think, constrained, seed);
     if req.raw.unwrap_or(false) {
         cfg = crate::parse::ParserConfig::plain();
     }

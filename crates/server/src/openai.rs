@@ -23,6 +23,8 @@ use crate::error::{Api, ApiError};
 use crate::gen::{self, ChunkTx, Sampling, StopField};
 use crate::parse::{Delta, Parsed, StreamParser};
 use crate::state::{AppState, Loaded};
+use crate::structured::{self, ToolForce};
+use hearth_constrain::{Grammar, Spec};
 
 const API: Api = Api::OpenAi;
 
@@ -66,6 +68,31 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     /// Extra template variables (`enable_thinking`…).
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// Structured output.
+    #[serde(flatten)]
+    pub format: FormatFields,
+}
+
+/// The structured-output fields both OpenAI request kinds share.
+#[derive(Deserialize, Debug, Default)]
+pub struct FormatFields {
+    /// `{"type": "text" | "json_object" | "json_schema", ..}`.
+    pub response_format: Option<Value>,
+    /// A GBNF grammar (llama-server).
+    pub grammar: Option<String>,
+    /// A JSON schema (llama-server).
+    pub json_schema: Option<Value>,
+}
+
+impl FormatFields {
+    /// The constraint these fields ask for, validated.
+    fn spec(&self) -> Result<Option<Spec>, ApiError> {
+        structured::openai_format(
+            self.response_format.as_ref(),
+            self.grammar.as_deref(),
+            self.json_schema.as_ref(),
+        )
+    }
 }
 
 /// The sampling fields both OpenAI request kinds share.
@@ -135,6 +162,9 @@ pub struct CompletionRequest {
     pub n: Option<i64>,
     /// Alternatives per token (0..=5 in OpenAI's legacy API; up to 20 here).
     pub logprobs: Option<i64>,
+    /// Structured output.
+    #[serde(flatten)]
+    pub format: FormatFields,
 }
 
 /// The number of choices, 1..=parallel.
@@ -245,6 +275,7 @@ struct Plan {
     stop: Vec<String>,
     logprobs: Option<usize>,
     n: usize,
+    constraint: Option<Grammar>,
 }
 
 fn submit_all(l: &Loaded, plan: &Plan) -> Result<Vec<(UnboundedReceiver<Event>, u64)>, ApiError> {
@@ -261,6 +292,7 @@ fn submit_all(l: &Loaded, plan: &Plan) -> Result<Vec<(UnboundedReceiver<Event>, 
                     sampler,
                     stop: plan.stop.clone(),
                     logprobs: plan.logprobs,
+                    constraint: plan.constraint.clone(),
                 },
             )?;
             Ok((rx, seed))
@@ -283,18 +315,30 @@ pub async fn chat(
     let k = top_logprobs(req.top_logprobs)?;
     let logprobs = req.logprobs.unwrap_or(false).then_some(k);
     let sampling = req.sampling.sampling(&l)?;
+    let force = structured::openai_tool_force(
+        req.tool_choice.as_ref(),
+        req.tools.as_deref().unwrap_or(&[]),
+    )?;
     let tools = match req.tool_choice.as_ref().and_then(Value::as_str) {
         Some("none") => None,
         _ => req.tools.filter(|t| !t.is_empty()),
     };
+    let tool_spec = match force {
+        ToolForce::None => None,
+        _ => structured::tool_spec(&l, API, tools.as_deref().unwrap_or(&[]), &force)?,
+    };
+    let spec = structured::one_of(API, req.format.spec()?, tool_spec)?;
+    let constraint = spec
+        .as_ref()
+        .map(|s| structured::compile(&l, API, structured::param_of(s, API), s))
+        .transpose()?;
+    let mut kwargs = req.chat_template_kwargs.unwrap_or_default();
+    if constraint.is_some() {
+        kwargs = structured::no_thinking(kwargs);
+    }
     let msgs = messages(req.messages)?;
-    let prompt = gen::chat_prompt(
-        &l,
-        API,
-        msgs,
-        tools.clone(),
-        req.chat_template_kwargs.unwrap_or_default(),
-    )?;
+    let prompt = gen::chat_prompt(&l, API, msgs, tools.clone(), kwargs)?;
+    let constrained = constraint.is_some();
     let plan = Plan {
         prompt: prompt.ids,
         max_tokens,
@@ -302,6 +346,7 @@ pub async fn chat(
         stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
         logprobs,
         n,
+        constraint,
     };
     let rxs = submit_all(&l, &plan)?;
     let tools_v = tools.map(Value::Array);
@@ -315,6 +360,7 @@ pub async fn chat(
                 &l,
                 tools_v.as_ref(),
                 prompt.in_think,
+                constrained,
                 *seed,
             ))
         })
@@ -608,6 +654,11 @@ pub async fn completions(
         }
     };
     let sampling = req.sampling.sampling(&l)?;
+    let constraint = req
+        .format
+        .spec()?
+        .map(|s| structured::compile(&l, API, structured::param_of(&s, API), &s))
+        .transpose()?;
     let plan = Plan {
         prompt: completion_prompt(&l, &req.prompt)?,
         max_tokens,
@@ -615,6 +666,7 @@ pub async fn completions(
         stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
         logprobs,
         n,
+        constraint,
     };
     let rxs: Vec<_> = submit_all(&l, &plan)?
         .into_iter()

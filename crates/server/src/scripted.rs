@@ -6,7 +6,9 @@
 //! [`Event::Token`]. `max_tokens` cuts the pieces (finish `Length`), stop strings cut the text
 //! (finish `Stop`), a sink returning false stops the stream (the request is cancelled), and the
 //! prompt is checked as the real scheduler checks it (empty, ids outside the vocabulary, longer
-//! than the context).
+//! than the context). A request with a grammar gets the script only if the grammar accepts its
+//! text (else an [`Event::Error`] naming the token refused), so tests of structured output check
+//! that the grammar the handler compiled admits the reply the parser expects.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -65,6 +67,7 @@ pub struct ScriptedBackend {
     in_flight: Arc<AtomicUsize>,
     prompt_tokens: Arc<AtomicU64>,
     generated: Arc<AtomicU64>,
+    constrained: AtomicUsize,
 }
 
 /// Errors building a scripted backend.
@@ -90,7 +93,31 @@ impl ScriptedBackend {
             in_flight: Arc::new(AtomicUsize::new(0)),
             prompt_tokens: Arc::new(AtomicU64::new(0)),
             generated: Arc::new(AtomicU64::new(0)),
+            constrained: AtomicUsize::new(0),
         }
+    }
+
+    /// How many requests so far carried a grammar.
+    pub fn constrained(&self) -> usize {
+        self.constrained.load(Ordering::SeqCst)
+    }
+
+    /// Why the grammar refuses the script's text, if it does: the text is tokenized and followed
+    /// token by token, as the engine would have sampled it.
+    fn grammar_refuses(&self, grammar: &hearth_constrain::Grammar, text: &str) -> Option<String> {
+        let mut c = grammar.start();
+        for id in self.tok.encode(text, false) {
+            if !c.allows(id) {
+                let piece = String::from_utf8_lossy(self.tok.token_to_piece(id, false));
+                return Some(format!(
+                    "the grammar refuses token {id} ({piece:?}) of the scripted reply"
+                ));
+            }
+            if let Err(e) = c.commit(id) {
+                return Some(e.to_string());
+            }
+        }
+        None
     }
 
     /// A backend with the tokenizer and metadata of a GGUF file (its chat template is returned for
@@ -224,6 +251,13 @@ impl Backend for ScriptedBackend {
             .lock()
             .map(|s| s.clone())
             .unwrap_or_else(|e| e.into_inner().clone());
+        if let Some(g) = &request.constraint {
+            self.constrained.fetch_add(1, Ordering::SeqCst);
+            if let Some(why) = self.grammar_refuses(g, &script.text) {
+                std::thread::spawn(move || sink(Event::Error(why)));
+                return Ok(());
+            }
+        }
         // As the engine does: a stop string ends the reply at its earliest match, and the tokens
         // that spell it are still generated (their text held back), so the reply's token ids
         // decode to the text plus the stop string. max_tokens cuts the tokens.

@@ -4,6 +4,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use hearth_constrain::Constrainer;
 use hearth_engine::{Backend, ChatEncoder, ModelInfo};
 use hearth_tokenizer::template::ChatTemplate;
 use hearth_tokenizer::Tokenizer;
@@ -40,6 +41,9 @@ pub struct Loaded {
     pub encoder: ChatEncoder,
     /// The tool-call syntax the template teaches.
     pub tool_format: ToolFormat,
+    /// Compiles structured-output grammars; built on first use (its token trie takes a moment on a
+    /// large vocabulary, and most servers never need it).
+    constrainer: OnceLock<Result<Arc<Constrainer>, String>>,
 }
 
 impl Loaded {
@@ -51,6 +55,17 @@ impl Loaded {
     /// The tokenizer.
     pub fn tok(&self) -> &Arc<Tokenizer> {
         self.backend.tokenizer()
+    }
+
+    /// The grammar compiler for this model (built on the first call).
+    pub fn constrainer(&self) -> Result<Arc<Constrainer>, String> {
+        self.constrainer
+            .get_or_init(|| {
+                Constrainer::new(self.tok().clone(), self.info().n_vocab)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
     }
 }
 
@@ -102,6 +117,7 @@ impl AppState {
             template,
             encoder,
             tool_format,
+            constrainer: OnceLock::new(),
         }));
     }
 
