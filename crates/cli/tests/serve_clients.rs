@@ -1,7 +1,8 @@
 //! `hearth serve` driven by the official Python clients (`openai`, `anthropic`, `ollama`):
 //! crates/server/tests/py/test_clients.py runs against the real binary on a tiny fixture model, and
 //! again against the scripted backend for the reasoning and tool-call paths. Then SIGTERM while a
-//! reply streams: the reply finishes and the server exits 0.
+//! reply streams: the reply finishes and the server exits 0. test_structured.py checks structured
+//! output (schemas, grammars, forced tool calls) on the tiny dense Qwen3 with the Qwen3 template.
 //!
 //! Needs the clients: `.venv/bin/pip install -r requirements-test.txt` (HEARTH_PYTHON picks the
 //! interpreter; default the repository's .venv).
@@ -23,12 +24,15 @@ fn python() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|_| PathBuf::from(format!("{ROOT}/.venv/bin/python")));
     let ok = Command::new(&p)
-        .args(["-c", "import openai, anthropic, ollama, pytest, httpx"])
+        .args([
+            "-c",
+            "import openai, anthropic, ollama, pytest, httpx, jsonschema",
+        ])
         .status()
         .is_ok_and(|s| s.success());
     assert!(
         ok,
-        "{} cannot import openai, anthropic, ollama, pytest and httpx: run `.venv/bin/pip install -r requirements-test.txt` \
+        "{} cannot import openai, anthropic, ollama, pytest, httpx and jsonschema: run `.venv/bin/pip install -r requirements-test.txt` \
          (or point HEARTH_PYTHON at an interpreter that has them)",
         p.display()
     );
@@ -60,10 +64,14 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
+        Server::start_model("fixtures/tiny-qwen3moe.q4_k_m.gguf", extra)
+    }
+
+    fn start_model(model: &str, extra: &[&str]) -> Server {
         let port = free_port();
         let mut args = vec![
             "serve".to_string(),
-            shared("fixtures/tiny-qwen3moe.q4_k_m.gguf"),
+            shared(model),
             "--port".into(),
             port.to_string(),
         ];
@@ -99,6 +107,10 @@ impl Server {
     }
 
     fn pytest(&self, env: &[(&str, &str)]) {
+        self.pytest_file("test_clients.py", env);
+    }
+
+    fn pytest_file(&self, file: &str, env: &[(&str, &str)]) {
         let status = Command::new(python())
             .args([
                 "-m",
@@ -106,7 +118,7 @@ impl Server {
                 "-q",
                 "-p",
                 "no:cacheprovider",
-                &format!("{ROOT}/crates/server/tests/py/test_clients.py"),
+                &format!("{ROOT}/crates/server/tests/py/{file}"),
             ])
             .env("HEARTH_URL", self.url())
             .envs(env.iter().copied())
@@ -199,4 +211,14 @@ fn python_clients_reasoning_and_tools_through_the_scripted_backend() {
     ]);
     server.pytest(&[("HEARTH_SCRIPTED", "1"), ("HEARTH_API_KEY", "s3cret-key")]);
     assert!(server.terminate().success());
+}
+
+#[test]
+fn python_clients_structured_output() {
+    let template = shared("templates/Qwen-Qwen3-0.6B.jinja");
+    let server = Server::start_model(
+        "fixtures/tiny-qwen3.q4_0.gguf",
+        &["--chat-template", &template],
+    );
+    server.pytest_file("test_structured.py", &[]);
 }

@@ -1,9 +1,13 @@
 //! `hearth run MODEL -p TEXT`: stream a completion of a raw prompt.
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use hearth_constrain::{Constrainer, Grammar, Spec};
 use hearth_engine::{generate, FinishReason, GenParams, Session};
+use hearth_tokenizer::Tokenizer;
 
 use super::common::ModelArgs;
 use super::sampling::SamplingArgs;
@@ -21,6 +25,12 @@ pub struct Args {
     pub n_predict: Option<usize>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// Constrain the output to one JSON value valid under the JSON Schema in FILE.
+    #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
+    pub json_schema: Option<PathBuf>,
+    /// Constrain the output to the GBNF grammar (llama.cpp's format, from `root`) in FILE.
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<PathBuf>,
     /// Print timing figures on stderr at the end.
     #[arg(long)]
     pub verbose: bool,
@@ -39,11 +49,26 @@ pub fn run(args: Args) -> Result<()> {
         prompt.len(),
         m.n_ctx
     );
+    let spec = match (&args.json_schema, &args.grammar) {
+        (Some(f), _) => {
+            let text = read(f)?;
+            let schema = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", f.display()))?;
+            Some(Spec::JsonSchema(schema))
+        }
+        (None, Some(f)) => Some(Spec::Gbnf(read(f)?)),
+        (None, None) => None,
+    };
+    let constraint = spec
+        .map(|s| compile(&m.model, &s))
+        .transpose()
+        .context("the constraint cannot be used")?;
     let mut session = Session::new(&m.model, &m.pool, m.n_ctx, 512, m.kv_type);
     let params = GenParams {
         max_tokens: args.n_predict,
         sampler: args.sampling.config()?,
         stop: args.sampling.stop.clone(),
+        constraint,
     };
     let stdout = std::io::stdout();
     let t0 = std::time::Instant::now();
@@ -71,4 +96,15 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn read(f: &Path) -> Result<String> {
+    std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))
+}
+
+/// Compiles `spec` against the model's vocabulary.
+fn compile(model: &hearth_model::Model, spec: &Spec) -> Result<Grammar> {
+    let tok = Arc::new(Tokenizer::from_gguf(model.gguf().metadata())?);
+    let c = Constrainer::new(tok, model.config.n_vocab)?;
+    Ok(c.compile(spec)?)
 }
