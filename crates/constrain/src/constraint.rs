@@ -67,6 +67,7 @@ impl Constrainer {
         let llg = to_llg(spec)?;
         let is_schema = matches!(spec, Spec::JsonSchema(_) | Spec::ToolCall { .. });
         let wrap = |msg: String| {
+            let msg = tidy_message(&msg);
             if is_schema {
                 ConstrainError::Schema(msg)
             } else {
@@ -95,6 +96,23 @@ impl Constrainer {
         cache.truncate(CACHE_SIZE);
         Ok(g)
     }
+}
+
+/// Longest engine message passed on to a client.
+const MAX_MESSAGE: usize = 600;
+
+/// An llguidance error as a client should see it: llguidance turns its own panics into errors that
+/// carry a backtrace, and some messages quote whole grammars.
+fn tidy_message(msg: &str) -> String {
+    let msg = msg.split("\n<backtrace>").next().unwrap_or("").trim_end();
+    if msg.len() <= MAX_MESSAGE {
+        return msg.to_string();
+    }
+    let mut end = MAX_MESSAGE;
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &msg[..end])
 }
 
 /// A compiled constraint; [`Grammar::start`] gives each sequence its own state.
@@ -153,7 +171,7 @@ impl Constraint {
         let mut m = self
             .matcher
             .compute_mask_or_eos()
-            .map_err(|e| ConstrainError::Violated(e.to_string()))?;
+            .map_err(|e| ConstrainError::Violated(tidy_message(&e.to_string())))?;
         let accepting = self.matcher.is_accepting().unwrap_or(false);
         for &t in self.eog.iter() {
             m.set(t as usize, accepting);
@@ -203,7 +221,7 @@ impl Constraint {
         self.mask = None;
         self.matcher
             .consume_token(token)
-            .map_err(|e| ConstrainError::Violated(e.to_string()))
+            .map_err(|e| ConstrainError::Violated(tidy_message(&e.to_string())))
     }
 
     /// Whether the output so far is complete (end of generation is allowed now).
@@ -215,5 +233,19 @@ impl Constraint {
     /// to sample an end-of-generation token.
     pub fn is_finished(&self) -> bool {
         self.matcher.is_stopped() && !self.matcher.is_error()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn messages_lose_backtraces_and_stay_short() {
+        assert_eq!(
+            super::tidy_message("panic: x\n<backtrace>\n 0: f"),
+            "panic: x"
+        );
+        let long = "é".repeat(1000);
+        let t = super::tidy_message(&long);
+        assert!(t.len() <= super::MAX_MESSAGE + 3 && t.ends_with('…'));
     }
 }

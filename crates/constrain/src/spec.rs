@@ -4,7 +4,12 @@
 //! keys, no other whitespace, so a model cannot wander off into unbounded blank space and a schema
 //! whose strings and arrays are bounded yields output of bounded length. Objects that list
 //! `properties` but say nothing of `additionalProperties` get no extra keys (as llama.cpp's and
-//! XGrammar's converters do): a generator that may invent keys of any value is unbounded.
+//! XGrammar's converters do): a generator that may invent keys of any value is unbounded. Numbers
+//! are bounded the way llama.cpp's converter bounds them: a number or integer the schema leaves
+//! open gets a range (±2^53 - 1 for integers, ±10^12 for numbers) and numbers at most 6 digits after
+//! the point (unless the schema's own range is so wide that the step would overflow llguidance's
+//! 64-bit arithmetic), so a model cannot write digits forever; every value generated still
+//! satisfies the schema as written.
 
 use serde_json::{json, Map, Value};
 
@@ -74,7 +79,7 @@ pub(crate) fn prepare_schema(schema: &Value) -> Result<Value, ConstrainError> {
             )))
         }
     };
-    close_objects(&mut s, false, 0)?;
+    tighten(&mut s, false, 0)?;
     if let Value::Object(m) = &mut s {
         m.insert("x-guidance".into(), layout());
     }
@@ -92,10 +97,20 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
-/// Adds `additionalProperties: false` to every object schema with `properties` and no word on
-/// extra keys, except directly under `allOf`, where each part sees only its own properties and
-/// closing them would make the intersection refuse the others' keys.
-fn close_objects(s: &mut Value, in_all_of: bool, depth: usize) -> Result<(), ConstrainError> {
+/// Largest integer a JSON number holds exactly in an IEEE double (JavaScript's `MAX_SAFE_INTEGER`).
+const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
+/// Largest magnitude of a generated non-integer number, when the schema gives none.
+const MAX_NUMBER: f64 = 1e12;
+/// Finest step of a generated non-integer number, when the schema gives no `multipleOf`.
+const NUMBER_STEP: f64 = 1e-6;
+/// Largest range / step ratio given to llguidance, whose multiple-of arithmetic is 64-bit.
+const MAX_STEPS: f64 = 1e18;
+
+/// Narrows what is generated to a bounded subset of what the schema accepts: every object schema
+/// with `properties` and no word on extra keys gets `additionalProperties: false` (except directly
+/// under `allOf`, where each part sees only its own properties and closing them would make the
+/// intersection refuse the others' keys), and open numbers get a range and a step.
+fn tighten(s: &mut Value, in_all_of: bool, depth: usize) -> Result<(), ConstrainError> {
     if depth > MAX_DEPTH {
         return Err(ConstrainError::Schema(format!(
             "the schema nests deeper than {MAX_DEPTH} levels"
@@ -111,6 +126,7 @@ fn close_objects(s: &mut Value, in_all_of: bool, depth: usize) -> Result<(), Con
     {
         m.insert("additionalProperties".into(), Value::Bool(false));
     }
+    bound_numbers(m);
     let d = depth + 1;
     for key in [
         "additionalProperties",
@@ -126,23 +142,23 @@ fn close_objects(s: &mut Value, in_all_of: bool, depth: usize) -> Result<(), Con
             match v {
                 Value::Array(list) => {
                     for x in list {
-                        close_objects(x, false, d)?;
+                        tighten(x, false, d)?;
                     }
                 }
-                v => close_objects(v, false, d)?,
+                v => tighten(v, false, d)?,
             }
         }
     }
     for key in ["anyOf", "oneOf", "prefixItems"] {
         if let Some(Value::Array(list)) = m.get_mut(key) {
             for x in list {
-                close_objects(x, false, d)?;
+                tighten(x, false, d)?;
             }
         }
     }
     if let Some(Value::Array(list)) = m.get_mut("allOf") {
         for x in list {
-            close_objects(x, true, d)?;
+            tighten(x, true, d)?;
         }
     }
     for key in [
@@ -154,11 +170,43 @@ fn close_objects(s: &mut Value, in_all_of: bool, depth: usize) -> Result<(), Con
     ] {
         if let Some(Value::Object(map)) = m.get_mut(key) {
             for (_, x) in map.iter_mut() {
-                close_objects(x, false, d)?;
+                tighten(x, false, d)?;
             }
         }
     }
     Ok(())
+}
+
+/// Gives a number or integer schema the range and step it lacks (see the module's overview).
+fn bound_numbers(m: &mut Map<String, Value>) {
+    let has = |t: &str| match m.get("type") {
+        Some(Value::String(s)) => s == t,
+        Some(Value::Array(a)) => a.iter().any(|x| x == t),
+        _ => false,
+    };
+    let (number, integer) = (has("number"), has("integer"));
+    if !number && !integer {
+        return;
+    }
+    // Integers only: a schema that also allows non-integers gets the wider number bounds.
+    let (lo, hi) = if number {
+        (json!(-MAX_NUMBER), json!(MAX_NUMBER))
+    } else {
+        (json!(-MAX_SAFE_INTEGER), json!(MAX_SAFE_INTEGER))
+    };
+    if !m.contains_key("minimum") && !m.contains_key("exclusiveMinimum") {
+        m.insert("minimum".into(), lo);
+    }
+    if !m.contains_key("maximum") && !m.contains_key("exclusiveMaximum") {
+        m.insert("maximum".into(), hi);
+    }
+    let magnitude = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]
+        .iter()
+        .filter_map(|k| m.get(*k).and_then(Value::as_f64))
+        .fold(0.0f64, |a, x| a.max(x.abs()));
+    if number && !m.contains_key("multipleOf") && magnitude / NUMBER_STEP <= MAX_STEPS {
+        m.insert("multipleOf".into(), json!(NUMBER_STEP));
+    }
 }
 
 /// The llguidance grammar of a spec; `Err` names what is wrong with the spec itself.
@@ -293,6 +341,33 @@ mod tests {
         let open = prepare_schema(&json!({"properties": {"a": {}}, "additionalProperties": true}))
             .unwrap();
         assert_eq!(open["additionalProperties"], json!(true));
+    }
+
+    #[test]
+    fn open_numbers_get_a_range_and_a_step() {
+        let s = prepare_schema(&json!({"properties": {
+            "n": {"type": "number", "minimum": 0},
+            "i": {"type": "integer"},
+            "m": {"type": ["number", "null"], "multipleOf": 0.5, "exclusiveMaximum": 3},
+            "s": {"type": "string"}
+        }}))
+        .unwrap();
+        let p = &s["properties"];
+        assert_eq!(
+            p["n"],
+            json!({"type": "number", "minimum": 0, "maximum": 1e12, "multipleOf": 1e-6})
+        );
+        assert_eq!(
+            p["i"],
+            json!({"type": "integer", "minimum": -MAX_SAFE_INTEGER, "maximum": MAX_SAFE_INTEGER})
+        );
+        assert_eq!(
+            p["m"],
+            json!({"type": ["number", "null"], "multipleOf": 0.5, "exclusiveMaximum": 3, "minimum": -1e12})
+        );
+        assert_eq!(p["s"], json!({"type": "string"}));
+        let wide = prepare_schema(&json!({"type": "number", "maximum": 1e300})).unwrap();
+        assert!(wide.get("multipleOf").is_none(), "{wide}");
     }
 
     #[test]

@@ -329,3 +329,29 @@ fn an_optional_tool_call_is_a_valid_call_or_text_without_one() {
     assert!(!s.allows(tok.encode(">", false)[0]));
     assert!(s.allows(tok.encode("s", false)[0]));
 }
+
+#[test]
+fn numbers_end() {
+    // Open numbers cannot run on: a random walk ends within the bounded digits.
+    let spec =
+        Spec::JsonSchema(json!({"type": "array", "maxItems": 3, "items": {"type": "number"}}));
+    for seed in 0..20 {
+        let (text, done) = walk(&spec, seed, 200);
+        assert!(done, "{text}");
+        let v: Vec<f64> = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(v.iter().all(|x| x.abs() <= 1e12), "{text}");
+        for n in text
+            .trim_matches(&['[', ']'][..])
+            .split(", ")
+            .filter(|n| !n.is_empty())
+        {
+            let frac = n.split_once('.').map_or("", |(_, f)| f);
+            let frac = frac.split(&['e', 'E'][..]).next().unwrap_or("");
+            assert!(frac.len() <= 6, "{n} in {text}");
+        }
+    }
+    // A range the step cannot cover is left without one rather than overflowing llguidance's
+    // 64-bit arithmetic (a debug build panics there; a release build would wrap).
+    let wide = json!({"type": "number", "minimum": -1e15, "maximum": 1e15});
+    constrainer().compile(&Spec::JsonSchema(wide)).unwrap();
+}
