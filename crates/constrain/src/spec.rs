@@ -9,7 +9,9 @@
 //! open gets a range (±2^53 - 1 for integers, ±10^12 for numbers) and numbers at most 6 digits after
 //! the point (unless the schema's own range is so wide that the step would overflow llguidance's
 //! 64-bit arithmetic), so a model cannot write digits forever; every value generated still
-//! satisfies the schema as written.
+//! satisfies the schema as written. The `date`, `time` and `date-time` formats are narrowed too:
+//! llguidance's regexes admit year 0000, February 29 of any year and fractions of a second of any
+//! length, which common validators (Python's `datetime`) refuse or which never end.
 
 use serde_json::{json, Map, Value};
 
@@ -127,6 +129,7 @@ fn tighten(s: &mut Value, in_all_of: bool, depth: usize) -> Result<(), Constrain
         m.insert("additionalProperties".into(), Value::Bool(false));
     }
     bound_numbers(m);
+    bound_formats(m);
     let d = depth + 1;
     for key in [
         "additionalProperties",
@@ -207,6 +210,31 @@ fn bound_numbers(m: &mut Map<String, Value>) {
     if number && !m.contains_key("multipleOf") && magnitude / NUMBER_STEP <= MAX_STEPS {
         m.insert("multipleOf".into(), json!(NUMBER_STEP));
     }
+}
+
+/// A calendar date of years 1000-9999 that exists (February 29 only in leap years).
+const DATE_RX: &str = concat!(
+    "(?:[1-9][0-9]{3}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])",
+    "|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))",
+    "|(?:[1-9][0-9](?:0[48]|[2468][048]|[13579][26])|(?:[2468][048]|[13579][26])00)-02-29)"
+);
+/// A time of day with at most microseconds and a zone, without leap seconds.
+const TIME_RX: &str =
+    "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:[zZ]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+
+/// Narrows the date and time formats (see the module's overview) with a `pattern`, which
+/// llguidance intersects with the format's own regex; a schema's own pattern is left alone.
+fn bound_formats(m: &mut Map<String, Value>) {
+    if m.contains_key("pattern") {
+        return;
+    }
+    let rx = match m.get("format").and_then(Value::as_str) {
+        Some("date") => format!("^{DATE_RX}$"),
+        Some("time") => format!("^{TIME_RX}$"),
+        Some("date-time") => format!("^{DATE_RX}[tT]{TIME_RX}$"),
+        _ => return,
+    };
+    m.insert("pattern".into(), Value::String(rx));
 }
 
 /// The llguidance grammar of a spec; `Err` names what is wrong with the spec itself.

@@ -355,3 +355,39 @@ fn numbers_end() {
     let wide = json!({"type": "number", "minimum": -1e15, "maximum": 1e15});
     constrainer().compile(&Spec::JsonSchema(wide)).unwrap();
 }
+
+#[test]
+fn dates_and_times_are_real_ones() {
+    let leap = |y: u32| y.is_multiple_of(4) && (!y.is_multiple_of(100) || y.is_multiple_of(400));
+    let spec = Spec::JsonSchema(json!({"type": "object", "properties": {
+        "d": {"type": "string", "format": "date"},
+        "t": {"type": "string", "format": "date-time"}}, "required": ["d", "t"]}));
+    for seed in 0..60 {
+        let (text, done) = walk(&spec, seed, 200);
+        assert!(done, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        for date in [v["d"].as_str().unwrap(), &v["t"].as_str().unwrap()[..10]] {
+            let parts: Vec<u32> = date.split('-').map(|p| p.parse().unwrap()).collect();
+            let (y, mo, d) = (parts[0], parts[1], parts[2]);
+            let days = match mo {
+                2 if leap(y) => 29,
+                2 => 28,
+                4 | 6 | 9 | 11 => 30,
+                _ => 31,
+            };
+            assert!(
+                (1000..=9999).contains(&y) && (1..=12).contains(&mo) && (1..=days).contains(&d),
+                "{text}"
+            );
+        }
+        let t = v["t"].as_str().unwrap();
+        let sec: u32 = t[17..19].parse().unwrap();
+        assert!(sec < 60, "{text}");
+        if let Some(frac) = t[19..].strip_prefix('.') {
+            assert!(
+                frac.bytes().take_while(u8::is_ascii_digit).count() <= 6,
+                "{text}"
+            );
+        }
+    }
+}
