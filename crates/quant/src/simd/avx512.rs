@@ -121,8 +121,6 @@ unsafe fn k45_tile<W: K45, const N: usize>(x: &[W], a: &[&[BlockQ8K]; N], out: &
     for r in a {
         assert_eq!(r.len(), nb);
     }
-    let m4 = _mm512_set1_epi8(0x0f);
-    let one = _mm256_set1_epi8(1);
     let mut acc = [_mm512_setzero_ps(); N];
     let mut acc_m = [_mm_setzero_ps(); N];
     for i in 0..nb {
@@ -148,23 +146,7 @@ unsafe fn k45_tile<W: K45, const N: usize>(x: &[W], a: &[&[BlockQ8K]; N], out: &
         };
         let mut sumi = [_mm512_setzero_si512(); N];
         for k in 0..4 {
-            let bits = _mm256_loadu_si256(xb.qs()[32 * k..].as_ptr().cast());
-            let mut q = _mm512_and_si512(join(bits, _mm256_srli_epi16(bits, 4)), m4);
-            if let Some(h) = hbits {
-                let cnt = _mm_cvtsi32_si128(2 * k as i32);
-                let cnt1 = _mm_cvtsi32_si128(2 * k as i32 + 1);
-                let hl = _mm256_and_si256(_mm256_srl_epi16(h, cnt), one);
-                let hh = _mm256_and_si256(_mm256_srl_epi16(h, cnt1), one);
-                q = _mm512_or_si512(q, _mm512_slli_epi16(join(hl, hh), 4));
-            }
-            // i16 lanes 0..16 = scale 2k, 16..32 = scale 2k+1, picked from the 8 widened scales.
-            let s = _mm512_permutexvar_epi16(
-                join(
-                    _mm256_set1_epi16(2 * k as i16),
-                    _mm256_set1_epi16(2 * k as i16 + 1),
-                ),
-                scales16,
-            );
+            let (q, s) = k45_quants(xb, hbits, scales16, k);
             for j in 0..N {
                 let y = load512i(&a[j][i].qs[64 * k..]);
                 // VNNI `vpdpwssd`: the i16 pair products times the scales, added in one step.
@@ -181,15 +163,74 @@ unsafe fn k45_tile<W: K45, const N: usize>(x: &[W], a: &[&[BlockQ8K]; N], out: &
     }
 }
 
+/// Elements `64k..64k + 64` of a Q4_K / Q5_K super-block as unsigned quants (sub-block 2k in the
+/// low half, 2k+1 in the high half) and, as i16 lanes, their two scales picked from the 8 widened
+/// `scales16`.
+#[inline(always)]
+unsafe fn k45_quants<W: K45>(
+    xb: &W,
+    hbits: Option<__m256i>,
+    scales16: __m512i,
+    k: usize,
+) -> (__m512i, __m512i) {
+    let bits = _mm256_loadu_si256(xb.qs()[32 * k..].as_ptr().cast());
+    let mut q = _mm512_and_si512(
+        join(bits, _mm256_srli_epi16(bits, 4)),
+        _mm512_set1_epi8(0x0f),
+    );
+    if let Some(h) = hbits {
+        let one = _mm256_set1_epi8(1);
+        let cnt = _mm_cvtsi32_si128(2 * k as i32);
+        let cnt1 = _mm_cvtsi32_si128(2 * k as i32 + 1);
+        let hl = _mm256_and_si256(_mm256_srl_epi16(h, cnt), one);
+        let hh = _mm256_and_si256(_mm256_srl_epi16(h, cnt1), one);
+        q = _mm512_or_si512(q, _mm512_slli_epi16(join(hl, hh), 4));
+    }
+    let s = _mm512_permutexvar_epi16(
+        join(
+            _mm256_set1_epi16(2 * k as i16),
+            _mm256_set1_epi16(2 * k as i16 + 1),
+        ),
+        scales16,
+    );
+    (q, s)
+}
+
 /// Q6_K × Q8_K: two 32-element groups per 512-bit step.
+/// One 64-element step of a Q6_K super-block half `h` (`b`: its 64 `ql` bytes, `hh`: its `qh` bytes
+/// and the same shifted by 2): `m = 0` gives groups 0, 1 (low nibbles, qh bits 0-1 and 2-3), `m = 1`
+/// groups 2, 3 (high nibbles, qh bits 4-5 and 6-7), as unsigned quants `q + 32`, with the i16 scales
+/// (8 lanes each of `sc[8h + 4m + 0..4]`, from `sc2`: the 16 scales twice).
+#[inline(always)]
+unsafe fn q6_quants(
+    b: __m512i,
+    hh: __m512i,
+    sc2: __m256i,
+    h: usize,
+    m: usize,
+) -> (__m512i, __m512i) {
+    let lo = _mm512_and_si512(srl16(b, 4 * m as u32), _mm512_set1_epi8(0x0f));
+    let hi = _mm512_slli_epi16(
+        _mm512_and_si512(srl16(hh, 4 * m as u32), _mm512_set1_epi8(3)),
+        4,
+    );
+    let p = (8 * h + 4 * m) as i64;
+    let idx = _mm256_set_epi64x(
+        (p + 3) * 0x0101_0101_0101_0101,
+        (p + 2) * 0x0101_0101_0101_0101,
+        (p + 1) * 0x0101_0101_0101_0101,
+        p * 0x0101_0101_0101_0101,
+    );
+    let s = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc2, idx));
+    (_mm512_or_si512(lo, hi), s)
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q6_k<const N: usize>(x: &[BlockQ6K], a: &[&[BlockQ8K]; N], out: &mut [f32; N]) {
     let nb = x.len();
     for r in a {
         assert_eq!(r.len(), nb);
     }
-    let m4 = _mm512_set1_epi8(0x0f);
-    let m2 = _mm512_set1_epi8(3);
     let m32 = _mm512_set1_epi8(32);
     let mut acc = [_mm512_setzero_ps(); N];
     for i in 0..nb {
@@ -202,20 +243,7 @@ unsafe fn q6_k<const N: usize>(x: &[BlockQ6K], a: &[&[BlockQ8K]; N], out: &mut [
             let bh = _mm256_loadu_si256(xb.qh[32 * h..].as_ptr().cast());
             let hh = join(bh, _mm256_srli_epi16(bh, 2));
             for m in 0..2 {
-                // m = 0: groups k = 0, 1 (low nibbles, qh bits 0-1 and 2-3);
-                // m = 1: groups k = 2, 3 (high nibbles, qh bits 4-5 and 6-7).
-                let lo = _mm512_and_si512(srl16(b, 4 * m as u32), m4);
-                let hi = _mm512_slli_epi16(_mm512_and_si512(srl16(hh, 4 * m as u32), m2), 4);
-                let q = _mm512_or_si512(lo, hi);
-                // i16 scales: 8 lanes each of sc[8h + 4m + 0..4].
-                let p = (8 * h + 4 * m) as i64;
-                let idx = _mm256_set_epi64x(
-                    (p + 3) * 0x0101_0101_0101_0101,
-                    (p + 2) * 0x0101_0101_0101_0101,
-                    (p + 1) * 0x0101_0101_0101_0101,
-                    p * 0x0101_0101_0101_0101,
-                );
-                let s = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc2, idx));
+                let (q, s) = q6_quants(b, hh, sc2, h, m);
                 for j in 0..N {
                     let y = load512i(&a[j][i].qs[128 * h + 64 * m..]);
                     let d =
@@ -403,8 +431,6 @@ unsafe fn hsum_epi32(v: __m512i) -> i32 {
 
 #[inline(always)]
 unsafe fn k45_row<W: K45>(x: &[W], a: &[BlockQ8K]) -> f32 {
-    let m4 = _mm512_set1_epi8(0x0f);
-    let one = _mm256_set1_epi8(1);
     let (mut acc, mut accm) = (0f32, 0f32);
     for (xb, y) in x.iter().zip(a) {
         let (sc, mn) = k4_scales_mins(xb.scales12());
@@ -426,22 +452,7 @@ unsafe fn k45_row<W: K45>(x: &[W], a: &[BlockQ8K]) -> f32 {
         };
         let mut sumi = _mm512_setzero_si512();
         for k in 0..4 {
-            let bits = _mm256_loadu_si256(xb.qs()[32 * k..].as_ptr().cast());
-            let mut q = _mm512_and_si512(join(bits, _mm256_srli_epi16(bits, 4)), m4);
-            if let Some(h) = hbits {
-                let cnt = _mm_cvtsi32_si128(2 * k as i32);
-                let cnt1 = _mm_cvtsi32_si128(2 * k as i32 + 1);
-                let hl = _mm256_and_si256(_mm256_srl_epi16(h, cnt), one);
-                let hh = _mm256_and_si256(_mm256_srl_epi16(h, cnt1), one);
-                q = _mm512_or_si512(q, _mm512_slli_epi16(join(hl, hh), 4));
-            }
-            let s = _mm512_permutexvar_epi16(
-                join(
-                    _mm256_set1_epi16(2 * k as i16),
-                    _mm256_set1_epi16(2 * k as i16 + 1),
-                ),
-                scales16,
-            );
+            let (q, s) = k45_quants(xb, hbits, scales16, k);
             let yq = load512i(&y.qs[64 * k..]);
             sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q, yq), s);
         }
@@ -454,8 +465,6 @@ unsafe fn k45_row<W: K45>(x: &[W], a: &[BlockQ8K]) -> f32 {
 
 #[inline(always)]
 unsafe fn q6_k_row(x: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
-    let m4 = _mm512_set1_epi8(0x0f);
-    let m2 = _mm512_set1_epi8(3);
     let m32 = _mm512_set1_epi8(32);
     let mut acc = 0f32;
     for (xb, y) in x.iter().zip(a) {
@@ -467,17 +476,7 @@ unsafe fn q6_k_row(x: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
             let bh = _mm256_loadu_si256(xb.qh[32 * h..].as_ptr().cast());
             let hh = join(bh, _mm256_srli_epi16(bh, 2));
             for m in 0..2 {
-                let lo = _mm512_and_si512(srl16(b, 4 * m as u32), m4);
-                let hi = _mm512_slli_epi16(_mm512_and_si512(srl16(hh, 4 * m as u32), m2), 4);
-                let q = _mm512_or_si512(lo, hi);
-                let p = (8 * h + 4 * m) as i64;
-                let idx = _mm256_set_epi64x(
-                    (p + 3) * 0x0101_0101_0101_0101,
-                    (p + 2) * 0x0101_0101_0101_0101,
-                    (p + 1) * 0x0101_0101_0101_0101,
-                    p * 0x0101_0101_0101_0101,
-                );
-                let s = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc2, idx));
+                let (q, s) = q6_quants(b, hh, sc2, h, m);
                 let yq = load512i(&y.qs[128 * h + 64 * m..]);
                 let d =
                     _mm512_sub_epi16(_mm512_maddubs_epi16(q, yq), _mm512_maddubs_epi16(m32, yq));
