@@ -146,26 +146,23 @@ pub(crate) fn attend(
             }
             for k0 in (0..max_len).step_by(KEYS) {
                 let kn = KEYS.min(max_len - k0);
-                // Keys transposed (zeros past the cache's end) and values, as f32.
-                let mut row = [0f32; MAX_HEAD_DIM];
-                for k in 0..KEYS {
-                    if k < kn {
-                        let at = (k0 + k) * kd + kvh * hd;
-                        to_f32(&keys, at, &mut row[..hd]);
-                    } else {
-                        row[..hd].fill(0.0);
-                    }
-                    for (d, x) in row[..hd].iter().enumerate() {
-                        kt[d * KEYS + k] = *x;
-                    }
-                }
-                for k in 0..kn {
-                    to_f32(
-                        &values,
-                        (k0 + k) * vd + kvh * hdv,
-                        &mut vals[k * hdv..(k + 1) * hdv],
-                    );
-                }
+                let at = KvAt {
+                    k0,
+                    kn,
+                    kd,
+                    vd,
+                    kvh,
+                };
+                load_block(
+                    level,
+                    &keys,
+                    &values,
+                    &at,
+                    &mut kt[..hd * KEYS],
+                    vals,
+                    hd,
+                    hdv,
+                );
                 for (i, t) in (t0..t1).enumerate() {
                     let len = r.pos[t] + 1;
                     if len <= k0 {
@@ -199,6 +196,123 @@ pub(crate) fn attend(
             }
         });
     });
+}
+
+/// Where a block of keys and values sits in a layer's cache: positions `k0..k0 + kn`, row widths
+/// `kd` (keys) and `vd` (values), KV head `kvh`.
+struct KvAt {
+    k0: usize,
+    kn: usize,
+    kd: usize,
+    vd: usize,
+    kvh: usize,
+}
+
+/// A block of the cache as f32: the keys transposed into `kt` (`[hd, KEYS]`, zeros past `kn`) and
+/// the values into `vals` (`[kn, hdv]`). Conversion is exact, so every path writes the same bits.
+#[allow(clippy::too_many_arguments)]
+fn load_block(
+    level: Level,
+    keys: &Rows,
+    values: &Rows,
+    at: &KvAt,
+    kt: &mut [f32],
+    vals: &mut [f32],
+    hd: usize,
+    hdv: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx512 {
+        // SAFETY: the level is at most what the CPU supports (hearth_quant checks).
+        return unsafe { load_block_avx512(keys, values, at, kt, vals, hd, hdv) };
+    }
+    let _ = level;
+    let mut row = [0f32; MAX_HEAD_DIM];
+    for k in 0..KEYS {
+        if k < at.kn {
+            to_f32(keys, (at.k0 + k) * at.kd + at.kvh * hd, &mut row[..hd]);
+        } else {
+            row[..hd].fill(0.0);
+        }
+        for (d, x) in row[..hd].iter().enumerate() {
+            kt[d * KEYS + k] = *x;
+        }
+    }
+    for k in 0..at.kn {
+        to_f32(
+            values,
+            (at.k0 + k) * at.vd + at.kvh * hdv,
+            &mut vals[k * hdv..(k + 1) * hdv],
+        );
+    }
+}
+
+/// [`load_block`] with 16 × 16 tiles converted (`vcvtph2ps`) and transposed in registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn load_block_avx512(
+    keys: &Rows,
+    values: &Rows,
+    at: &KvAt,
+    kt: &mut [f32],
+    vals: &mut [f32],
+    hd: usize,
+    hdv: usize,
+) {
+    use std::arch::x86_64::*;
+    /// 16 elements at `i` as f32 (`i + 16` within the rows).
+    #[inline(always)]
+    unsafe fn load16(rows: &Rows, i: usize) -> __m512 {
+        match rows {
+            Rows::F16(x) => {
+                let s = &x[i..i + 16];
+                _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().cast()))
+            }
+            Rows::F32(x) => _mm512_loadu_ps(x[i..i + 16].as_ptr()),
+        }
+    }
+    assert!(kt.len() == hd * KEYS && vals.len() >= at.kn * hdv && at.kn <= KEYS);
+    let hd16 = hd / 16 * 16;
+    for kb in (0..KEYS).step_by(16) {
+        for db in (0..hd16).step_by(16) {
+            let mut r = [_mm512_setzero_si512(); 16];
+            for (i, v) in r.iter_mut().enumerate() {
+                if kb + i < at.kn {
+                    let off = (at.k0 + kb + i) * at.kd + at.kvh * hd + db;
+                    *v = _mm512_castps_si512(load16(keys, off));
+                }
+            }
+            hearth_quant::simd::transpose16x16(&mut r);
+            for (j, v) in r.iter().enumerate() {
+                let dst = &mut kt[(db + j) * KEYS + kb..][..16];
+                _mm512_storeu_ps(dst.as_mut_ptr(), _mm512_castsi512_ps(*v));
+            }
+        }
+        // The dimensions past the last multiple of 16, one by one.
+        for d in hd16..hd {
+            for k in kb..kb + 16 {
+                kt[d * KEYS + k] = if k < at.kn {
+                    let mut x = [0f32; 1];
+                    to_f32(keys, (at.k0 + k) * at.kd + at.kvh * hd + d, &mut x);
+                    x[0]
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+    let hdv16 = hdv / 16 * 16;
+    for k in 0..at.kn {
+        let src = (at.k0 + k) * at.vd + at.kvh * hdv;
+        let dst = &mut vals[k * hdv..(k + 1) * hdv];
+        for d in (0..hdv16).step_by(16) {
+            _mm512_storeu_ps(dst[d..d + 16].as_mut_ptr(), load16(values, src + d));
+        }
+        if hdv16 < hdv {
+            to_f32(values, src + hdv16, &mut dst[hdv16..]);
+        }
+    }
 }
 
 /// Elements `at..at + dst.len()` of a cache row set, as f32.

@@ -199,6 +199,20 @@ pub fn matmul_fused(
         let t1 = (t0 + task_rows[pi]).min(w.rows);
         let rb = w.row_bytes;
         let base = g.mat * w.rows;
+        if g.n == 1 {
+            // One token (decode): one call for all the task's rows, written in place; the
+            // per-call checks and dispatch cost as much as a few rows' arithmetic.
+            let row = out_rows.map_or(g.start, |rows| rows[g.start] as usize);
+            let at = row * out_stride + t0;
+            assert!(at + (t1 - t0) <= out_len);
+            let w_rows = Rows::packed(&w.bytes()[(base + t0) * rb..(base + t1) * rb], rb);
+            let a = Rows::packed(acts.rows(g.start, 1), acts.row_bytes());
+            // SAFETY: in bounds (asserted); each (product, output row, weight row) is written by
+            // exactly one task.
+            let dst = unsafe { out_ptr.slice(at, t1 - t0) };
+            vec_dot_matrix(w.ty, w.cols, w_rows, a, dst, 1);
+            return;
+        }
         let mut buf = [0f32; ROWS_PER_CALL * TOKENS_PER_CALL];
         for r0 in (t0..t1).step_by(ROWS_PER_CALL) {
             let r1 = (r0 + ROWS_PER_CALL).min(t1);
@@ -221,11 +235,10 @@ pub fn matmul_fused(
                     let row = out_rows.map_or(j0 + j, |rows| rows[j0 + j] as usize);
                     let at = row * out_stride + r0;
                     assert!(at + nr <= out_len);
-                    for i in 0..nr {
-                        // SAFETY: each (product, output row, weight row) is written by exactly one
-                        // task.
-                        unsafe { *out_ptr.ptr().add(at + i) = buf[j * ROWS_PER_CALL + i] };
-                    }
+                    // SAFETY: in bounds (asserted); each (product, output row, weight row) is
+                    // written by exactly one task.
+                    let dst = unsafe { out_ptr.slice(at, nr) };
+                    dst.copy_from_slice(&buf[j * ROWS_PER_CALL..j * ROWS_PER_CALL + nr]);
                 }
             }
         }

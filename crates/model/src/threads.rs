@@ -221,11 +221,6 @@ impl<T> SharedMut<T> {
         SharedMut(std::ptr::NonNull::dangling().as_ptr())
     }
 
-    /// The raw pointer (a method, so closures capture the `Sync` wrapper, not the field).
-    pub(crate) fn ptr(&self) -> *mut T {
-        self.0
-    }
-
     /// # Safety
     /// `start..start+len` must be in bounds and written by one task only.
     #[allow(clippy::mut_from_ref)]

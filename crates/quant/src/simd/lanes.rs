@@ -130,7 +130,7 @@ impl TChunk {
 
 /// In-register transpose of 16 × 16 dwords: afterwards `r[k]` lane `l` is dword `k` of input `l`.
 #[inline(always)]
-unsafe fn transpose16(r: &mut [__m512i; 16]) {
+pub(super) unsafe fn transpose16(r: &mut [__m512i; 16]) {
     let mut t = [_mm512_setzero_si512(); 16];
     for i in 0..8 {
         t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
@@ -196,6 +196,29 @@ unsafe fn qh_bits(qh: __m512i, k: u32) -> __m512i {
         _mm512_set1_epi32(0x0101_0101),
     );
     _mm512_slli_epi32(s, 4)
+}
+
+/// Independent `vpdpbusd` accumulators per token for a group of `t` tokens: at least 4 chains in
+/// flight (its latency over its throughput).
+#[inline(always)]
+const fn chains(t: usize) -> usize {
+    if t >= 4 {
+        1
+    } else if t == 1 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Token `t`'s sum over the first `c` chains (integers: exact whatever the split).
+#[inline(always)]
+unsafe fn sum_chains<const T: usize>(isum: &[[__m512i; T]; 4], c: usize, t: usize) -> __m512i {
+    let mut s = isum[0][t];
+    for ch in isum.iter().take(c).skip(1) {
+        s = _mm512_add_epi32(s, ch[t]);
+    }
+    s
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -390,33 +413,40 @@ impl<W: Legacy> Fmt for L<W> {
         acc: &mut [__m512; T],
         accm: &mut [__m512; T],
     ) {
+        // `vpdpbusd` has a latency of 4 and a throughput of 1: fewer than 4 tokens split each
+        // block's 8 products over `chains(T)` accumulators per token (exact integers, any order).
+        let c = chains(T);
         if W::TYPE1 {
-            let mut isum = [_mm512_setzero_si512(); T];
+            let mut isum = [[_mm512_setzero_si512(); T]; 4];
             for k in 0..8 {
                 let w = p.q[b][k];
                 for t in 0..T {
-                    isum[t] = _mm512_dpbusd_epi32(isum[t], w, bcast(a[t].add(4 + 4 * k)));
+                    isum[k % c][t] =
+                        _mm512_dpbusd_epi32(isum[k % c][t], w, bcast(a[t].add(4 + 4 * k)));
                 }
             }
             for t in 0..T {
+                let is = sum_chains(&isum, c, t);
                 let dy = bcast_f(q[t].ds.as_ptr().add(2 * b));
                 let sy = bcast_f(q[t].ds.as_ptr().add(2 * b + 1));
                 let d = _mm512_mul_ps(p.d[b], dy);
-                acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum[t]), acc[t]);
+                acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(is), acc[t]);
                 accm[t] = _mm512_fmadd_ps(p.m[b], sy, accm[t]);
             }
         } else {
-            let mut isum = [_mm512_castps_si512(p.m[b]); T];
+            let mut isum = [[_mm512_setzero_si512(); T]; 4];
+            isum[0] = [_mm512_castps_si512(p.m[b]); T];
             for k in 0..8 {
                 let w = p.q[b][k];
                 for t in 0..T {
                     let y = bcast(q[t].q[b].as_ptr().add(4 * k));
-                    isum[t] = _mm512_dpbusd_epi32(isum[t], y, w);
+                    isum[k % c][t] = _mm512_dpbusd_epi32(isum[k % c][t], y, w);
                 }
             }
             for t in 0..T {
+                let is = sum_chains(&isum, c, t);
                 let d = _mm512_mul_ps(p.d[b], bcast_f(q[t].ds.as_ptr().add(b)));
-                acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum[t]), acc[t]);
+                acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(is), acc[t]);
             }
         }
     }
@@ -528,16 +558,19 @@ impl<const Q5: bool> Fmt for K45<Q5> {
     ) {
         let mut tot = [_mm512_setzero_si512(); T];
         let mut ms = [_mm512_setzero_si512(); T];
+        let c = chains(T);
         for s in 0..8 {
-            let mut is = [_mm512_setzero_si512(); T];
+            let mut is = [[_mm512_setzero_si512(); T]; 4];
             for k in 0..8 {
                 let w = p.q[8 * s + k];
                 for t in 0..T {
-                    is[t] = _mm512_dpbusd_epi32(is[t], w, bcast(a[t].add(Q8K_QS + 32 * s + 4 * k)));
+                    let y = bcast(a[t].add(Q8K_QS + 32 * s + 4 * k));
+                    is[k % c][t] = _mm512_dpbusd_epi32(is[k % c][t], w, y);
                 }
             }
             for t in 0..T {
-                tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(is[t], p.sc[s]));
+                let is = sum_chains(&is, c, t);
+                tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(is, p.sc[s]));
                 ms[t] = _mm512_dpwssd_epi32(ms[t], p.mn[s], bcast(a[t].add(Q8K_BSUMS + 4 * s)));
             }
         }
@@ -639,16 +672,19 @@ impl Fmt for Q6K {
     ) {
         let mut tot = [_mm512_setzero_si512(); T];
         let mut ms = [_mm512_setzero_si512(); T];
+        let c = chains(T);
         for s in 0..16 {
-            let mut is = [_mm512_setzero_si512(); T];
+            let mut is = [[_mm512_setzero_si512(); T]; 4];
             for k in 0..4 {
                 let w = p.q[4 * s + k];
                 for t in 0..T {
-                    is[t] = _mm512_dpbusd_epi32(is[t], w, bcast(a[t].add(Q8K_QS + 16 * s + 4 * k)));
+                    let y = bcast(a[t].add(Q8K_QS + 16 * s + 4 * k));
+                    is[k % c][t] = _mm512_dpbusd_epi32(is[k % c][t], w, y);
                 }
             }
             for t in 0..T {
-                tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(is[t], p.sc[s]));
+                let is = sum_chains(&is, c, t);
+                tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(is, p.sc[s]));
             }
         }
         for pr in 0..8 {

@@ -35,6 +35,18 @@ mod lanes;
 #[cfg(target_arch = "x86_64")]
 mod quantize;
 
+/// In-register transpose of 16 × 16 dwords: afterwards lane `l` of `r[k]` is lane `k` of the
+/// input `r[l]` (for callers that lay out f32 or i32 tiles, such as attention's key blocks).
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub unsafe fn transpose16x16(r: &mut [std::arch::x86_64::__m512i; 16]) {
+    lanes::transpose16(r)
+}
+
 use crate::api::{has_vec_dot, row_len, vec_dot_type};
 use crate::block::{cast_blocks, Block};
 use crate::{dot, float, GgmlType, QuantError};
