@@ -22,6 +22,11 @@
 //!   minimums through the activation's 16-element sums (`vpdpwssd`), in a second chain;
 //! - Q6_K × Q8_K: 6-bit quants `q + 32` as unsigned bytes, per 16 elements times the signed scale,
 //!   minus `32 * sum(scale * bsum)`.
+//!
+//! One token (decode) through a legacy format skips the store of the unpacked chunk: each block is
+//! unpacked and multiplied in registers, the signed formats with the weights biased to `q + 128`
+//! against the signed activation and `-128 * sum(y)` (prepared once per call) as the correction.
+//! The integers are the same, so are the results, bit for bit.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -73,7 +78,28 @@ trait Fmt {
     );
     /// The output from the two chains.
     unsafe fn finish(acc: __m512, accm: __m512) -> __m512;
+    /// Whether the one-token path below exists: each block unpacked and used in registers, with
+    /// no store of the unpacked chunk (decode reads every weight once, for one token).
+    const ONE: bool = false;
+    /// Prepares all `nb` blocks of one token's activation at `a` into `q` (at most
+    /// [`ONE_MAX_BLOCKS`] blocks, 8 bytes each).
+    unsafe fn prep_one(_a: *const u8, _nb: usize, _q: *mut u8) {}
+    /// Blocks `c0..c0 + cn` of the transposed chunk against one token (`a`, `q` as for
+    /// `prep_one`), the same operations per output as `pack` then `step`.
+    unsafe fn one_token(
+        _src: &TChunk,
+        _cn: usize,
+        _c0: usize,
+        _a: *const u8,
+        _q: *const u8,
+        _acc: &mut __m512,
+        _accm: &mut __m512,
+    ) {
+    }
 }
+
+/// Most blocks of one activation row the one-token path prepares (the scratch it has).
+const ONE_MAX_BLOCKS: usize = Q_ZMM * 64 / 8;
 
 /// Most dwords of one chunk of one row (Q8_0: 8 blocks of 34 bytes).
 const MAX_DW: usize = 80;
@@ -451,6 +477,75 @@ impl<W: Legacy> Fmt for L<W> {
         }
     }
 
+    const ONE: bool = true;
+
+    #[inline(always)]
+    unsafe fn prep_one(a: *const u8, nb: usize, q: *mut u8) {
+        for b in 0..nb {
+            let blk = a.add(b * Self::AB);
+            let dst = q.add(8 * b);
+            if W::TYPE1 {
+                // [d, s] as f32.
+                let v = _mm_cvtph_ps(_mm_cvtsi32_si128(read_unaligned(blk.cast::<i32>())));
+                _mm_storel_epi64(dst.cast(), _mm_castps_si128(v));
+            } else {
+                // d as f32 and -128 * sum(y): the correction for weights biased to `q + 128`.
+                let y = _mm256_loadu_si256(blk.add(2).cast());
+                let s = _mm256_sad_epu8(
+                    _mm256_xor_si256(y, _mm256_set1_epi8(0x80u8 as i8)),
+                    _mm256_setzero_si256(),
+                );
+                let s = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                let sum = _mm_cvtsi128_si64(_mm_add_epi64(s, _mm_unpackhi_epi64(s, s))) - 32 * 128;
+                dst.cast::<f32>()
+                    .write_unaligned(super::avx2::f16c([*blk, *blk.add(1)]));
+                dst.add(4).cast::<i32>().write_unaligned(-128 * sum as i32);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn one_token(
+        src: &TChunk,
+        cn: usize,
+        c0: usize,
+        a: *const u8,
+        q: *const u8,
+        acc: &mut __m512,
+        accm: &mut __m512,
+    ) {
+        for b in 0..cn {
+            let mut w = [_mm512_setzero_si512(); 8];
+            let (d, m) = W::unpack(src, b * W::WB, &mut w);
+            let blk = a.add((c0 + b) * Self::AB);
+            let pq = q.add(8 * (c0 + b));
+            let mut isum = [_mm512_setzero_si512(); 4];
+            if W::TYPE1 {
+                for k in 0..8 {
+                    isum[k % 4] = _mm512_dpbusd_epi32(isum[k % 4], w[k], bcast(blk.add(4 + 4 * k)));
+                }
+            } else {
+                // Signed weights biased to unsigned `q + 128`, against the signed activations;
+                // the bias comes back out through the prepared `-128 * sum(y)`: the same integer.
+                isum[0] = _mm512_set1_epi32(read_unaligned(pq.add(4).cast::<i32>()));
+                let bias = _mm512_set1_epi8(0x80u8 as i8);
+                for k in 0..8 {
+                    let wu = _mm512_xor_si512(w[k], bias);
+                    isum[k % 4] = _mm512_dpbusd_epi32(isum[k % 4], wu, bcast(blk.add(2 + 4 * k)));
+                }
+            }
+            let is = _mm512_add_epi32(
+                _mm512_add_epi32(isum[0], isum[1]),
+                _mm512_add_epi32(isum[2], isum[3]),
+            );
+            let dd = _mm512_mul_ps(d, bcast_f(pq.cast::<f32>()));
+            *acc = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(is), *acc);
+            if W::TYPE1 {
+                *accm = _mm512_fmadd_ps(m, bcast_f(pq.add(4).cast::<f32>()), *accm);
+            }
+        }
+    }
+
     #[inline(always)]
     unsafe fn finish(acc: __m512, accm: __m512) -> __m512 {
         if W::TYPE1 {
@@ -774,6 +869,11 @@ unsafe fn run<F: Fmt>(
     let accm = &mut *scratch
         .add(P_ZMM + T_ZMM + Q_ZMM + PASS)
         .cast::<[__m512; PASS]>();
+    let one = F::ONE && nt == 1 && nb <= ONE_MAX_BLOCKS;
+    let q1 = scratch.add(P_ZMM + T_ZMM).cast::<u8>();
+    if one {
+        F::prep_one(a[0], nb, q1);
+    }
     let mut r0 = 0;
     while r0 < w.count {
         let nr = (w.count - r0).min(LANES);
@@ -809,6 +909,11 @@ unsafe fn run<F: Fmt>(
                 }
             }
             tc.load(&rows, end, c0 * F::WB, cn * F::WB);
+            if one {
+                F::one_token(tc, cn, c0, a[0], q1, &mut acc[0], &mut accm[0]);
+                c0 += cn;
+                continue;
+            }
             F::pack(tc, cn, p);
             for j in 0..nt {
                 F::prep(a[j].add(c0 * F::AB), cn, &mut q[j]);
