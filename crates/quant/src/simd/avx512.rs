@@ -463,29 +463,171 @@ unsafe fn k45_row<W: K45>(x: &[W], a: &[BlockQ8K]) -> f32 {
     acc - accm
 }
 
+/// The 8 scales and 8 minimums of a Q4_K / Q5_K super-block as two u64s of bytes (as
+/// `avx2::k4_scales_mins`, without the round trip through memory).
+#[inline(always)]
+fn k4_scales_mins64(q: &[u8; 12]) -> (u64, u64) {
+    let u0 = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+    let u1 = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
+    let u2 = u32::from_le_bytes([q[8], q[9], q[10], q[11]]);
+    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    let sc_lo = u0 & m6;
+    let sc_hi = (u2 & m4) | (((u0 >> 6) & m2) << 4);
+    let mn_lo = u1 & m6;
+    let mn_hi = ((u2 >> 4) & m4) | (((u1 >> 6) & m2) << 4);
+    (
+        sc_lo as u64 | (sc_hi as u64) << 32,
+        mn_lo as u64 | (mn_hi as u64) << 32,
+    )
+}
+
+/// One token's Q8_K super-block prepared for [`q4_k_row`]: the quants in the order the weights
+/// unpack (two 64-byte loads of `qs`, each giving sub-blocks `4c, 4c + 2` from the low nibbles and
+/// `4c + 1, 4c + 3` from the high ones), the 8 sub-block sums as i16 and `d`.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Q4KAct {
+    y: [__m512i; 4],
+    q8s: __m128i,
+    d: f32,
+}
+
+#[inline(always)]
+unsafe fn q4_k_prep(a: &[BlockQ8K], dst: &mut [Q4KAct]) {
+    for (y, p) in a.iter().zip(dst.iter_mut()) {
+        let q = |o: usize| _mm256_loadu_si256(y.qs[o..o + 32].as_ptr().cast());
+        for c in 0..2 {
+            p.y[2 * c] = join(q(128 * c), q(128 * c + 64));
+            p.y[2 * c + 1] = join(q(128 * c + 32), q(128 * c + 96));
+        }
+        let bs = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+        p.q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        p.d = y.d();
+    }
+}
+
+/// Q4_K × one prepared token: the integers and the f32 chain of `k45_row` (so of the lanes
+/// kernel), with two 64-byte loads per super-block and the scales spread by in-lane shuffles.
+#[inline(always)]
+unsafe fn q4_k_row(x: &[BlockQ4K], a: &[Q4KAct]) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    let m4 = _mm512_set1_epi8(0x0f);
+    // i16 lanes 0..16 take scale `lo`, lanes 16..32 scale `hi` (bytes 2s, 2s + 1 of each lane).
+    let idx = |lo: i8, hi: i8| {
+        let l = _mm_set_epi8(
+            2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo,
+            2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo, 2 * lo + 1, 2 * lo,
+        );
+        let h = _mm_set_epi8(
+            2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi,
+            2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi, 2 * hi + 1, 2 * hi,
+        );
+        let lh = _mm512_castsi128_si512(l);
+        let lh = _mm512_inserti32x4::<1>(lh, l);
+        let lh = _mm512_inserti32x4::<2>(lh, h);
+        _mm512_inserti32x4::<3>(lh, h)
+    };
+    let ix = [idx(0, 2), idx(1, 3), idx(4, 6), idx(5, 7)];
+    for (xb, y) in x.iter().zip(a) {
+        let (sc, mn) = k4_scales_mins64(&xb.scales);
+        let (dx, dminx) = xb.d_dmin();
+        let sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+        let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+        let mut sumi = _mm512_setzero_si512();
+        for c in 0..2 {
+            let w = load512(&xb.qs[64 * c..]);
+            let lo = _mm512_and_si512(w, m4);
+            let hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+            let slo = _mm512_shuffle_epi8(sc, ix[2 * c]);
+            let shi = _mm512_shuffle_epi8(sc, ix[2 * c + 1]);
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(lo, y.y[2 * c]), slo);
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(hi, y.y[2 * c + 1]), shi);
+        }
+        let ms = _mm_madd_epi16(mins, y.q8s);
+        let v8 = _mm256_add_epi32(
+            _mm512_castsi512_si256(sumi),
+            _mm512_extracti64x4_epi64::<1>(sumi),
+        );
+        let v4 = _mm_add_epi32(_mm256_castsi256_si128(v8), _mm256_extracti128_si256(v8, 1));
+        let h = _mm_hadd_epi32(v4, ms);
+        let h = _mm_hadd_epi32(h, h);
+        let (si, mi) = (_mm_cvtsi128_si32(h), _mm_extract_epi32::<1>(h));
+        acc = (dx * y.d).mul_add(si as f32, acc);
+        accm = (dminx * y.d).mul_add(mi as f32, accm);
+    }
+    acc - accm
+}
+
+/// Q6_K × Q8_K: the integers and the f32 chain of the lanes kernel; the `- 32` of the quants
+/// comes out through the activation's 16-element sums (`32 * sum(scale * bsum)`).
 #[inline(always)]
 unsafe fn q6_k_row(x: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
-    let m32 = _mm512_set1_epi8(32);
     let mut acc = 0f32;
+    let m4 = _mm512_set1_epi8(0x0f);
+    let m2 = _mm512_set1_epi8(3);
+    // 128-bit lane L of step (h, m) takes scale 8h + 4m + L, as 8 i16 lanes.
+    let ix: [__m512i; 4] = std::array::from_fn(|g| {
+        let b = 4 * g as i16;
+        _mm512_set_epi16(
+            b + 3, b + 3, b + 3, b + 3, b + 3, b + 3, b + 3, b + 3,
+            b + 2, b + 2, b + 2, b + 2, b + 2, b + 2, b + 2, b + 2,
+            b + 1, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1, b + 1,
+            b, b, b, b, b, b, b, b,
+        )
+    });
     for (xb, y) in x.iter().zip(a) {
-        let sc = _mm_loadu_si128(xb.scales.as_ptr().cast());
-        let sc2 = _mm256_set_m128i(sc, sc);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(xb.scales.as_ptr().cast()));
+        let corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256(y.bsums.as_ptr().cast()));
+        let sc = _mm512_castsi256_si512(sc16);
         let mut sumi = _mm512_setzero_si512();
         for h in 0..2 {
             let b = load512(&xb.ql[64 * h..]);
             let bh = _mm256_loadu_si256(xb.qh[32 * h..].as_ptr().cast());
             let hh = join(bh, _mm256_srli_epi16(bh, 2));
             for m in 0..2 {
-                let (q, s) = q6_quants(b, hh, sc2, h, m);
+                let lo = _mm512_and_si512(srl16(b, 4 * m as u32), m4);
+                let hi = _mm512_slli_epi16(_mm512_and_si512(srl16(hh, 4 * m as u32), m2), 4);
+                let q = _mm512_or_si512(lo, hi);
+                let s = _mm512_permutexvar_epi16(ix[2 * h + m], sc);
                 let yq = load512i(&y.qs[128 * h + 64 * m..]);
-                let d =
-                    _mm512_sub_epi16(_mm512_maddubs_epi16(q, yq), _mm512_maddubs_epi16(m32, yq));
-                sumi = _mm512_dpwssd_epi32(sumi, d, s);
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q, yq), s);
             }
         }
-        acc = (f16c(xb.d) * y.d()).mul_add(hsum_epi32(sumi) as f32, acc);
+        let v8 = _mm256_add_epi32(
+            _mm512_castsi512_si256(sumi),
+            _mm512_extracti64x4_epi64::<1>(sumi),
+        );
+        let v8 = _mm256_sub_epi32(v8, _mm256_slli_epi32(corr, 5));
+        let v4 = _mm_add_epi32(_mm256_castsi256_si128(v8), _mm256_extracti128_si256(v8, 1));
+        let h = _mm_hadd_epi32(v4, v4);
+        let h = _mm_hadd_epi32(h, h);
+        acc = (f16c(xb.d) * y.d()).mul_add(_mm_cvtsi128_si32(h) as f32, acc);
     }
     acc
+}
+
+thread_local! {
+    /// Per-thread prepared activation for [`q4_k_row`], grown on first use and reused.
+    static Q4K_ACT: std::cell::RefCell<Vec<Q4KAct>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_k_rows(w: &Rows, a: &[u8], out: &mut [f32], row_stride: usize) {
+    let a: &[BlockQ8K] = blocks(a);
+    let nb = a.len();
+    Q4K_ACT.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < nb {
+            p.resize(nb, std::mem::zeroed());
+        }
+        let p = &mut p[..nb];
+        q4_k_prep(a, p);
+        for i in 0..w.count {
+            let x: &[BlockQ4K] =
+                blocks(&w.data[i * w.stride..i * w.stride + nb * size_of::<BlockQ4K>()]);
+            out[i * row_stride] = q4_k_row(x, p);
+        }
+    })
 }
 
 macro_rules! k_rows {
@@ -504,7 +646,6 @@ macro_rules! k_rows {
     };
 }
 
-k_rows!(q4_k_rows, k45_row::<BlockQ4K>, BlockQ4K);
 k_rows!(q5_k_rows, k45_row::<BlockQ5K>, BlockQ5K);
 k_rows!(q6_k_rows, q6_k_row, BlockQ6K);
 
