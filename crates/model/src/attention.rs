@@ -169,17 +169,25 @@ pub(crate) fn attend(
                         continue;
                     }
                     let kc = KEYS.min(len - k0);
-                    for j in 0..hpt {
+                    // The row's query heads four at a time (same keys, same `kc`), then one by one.
+                    let mut j = 0;
+                    while j < hpt {
                         let qi = i * hpt + j;
-                        block(
-                            level,
-                            &kt[..hd * KEYS],
-                            &vals[..kc * hdv],
-                            kc,
-                            &qs[qi * hd..(qi + 1) * hd],
-                            scale,
-                            &mut state[qi * sw..(qi + 1) * sw],
-                        );
+                        let (kt, vals) = (&kt[..hd * KEYS], &vals[..kc * hdv]);
+                        if j + 4 <= hpt {
+                            let q: [&[f32]; 4] =
+                                std::array::from_fn(|n| &qs[(qi + n) * hd..(qi + n + 1) * hd]);
+                            let mut st = state[qi * sw..(qi + 4) * sw].chunks_exact_mut(sw);
+                            let st: [&mut [f32]; 4] =
+                                std::array::from_fn(|_| st.next().expect("4 states"));
+                            block_n::<4>(level, kt, vals, kc, q, scale, st);
+                            j += 4;
+                        } else {
+                            let q = &qs[qi * hd..(qi + 1) * hd];
+                            let st = &mut state[qi * sw..(qi + 1) * sw];
+                            block(level, kt, vals, kc, q, scale, st);
+                            j += 1;
+                        }
                     }
                 }
             }
@@ -335,104 +343,146 @@ fn block(
     scale: f32,
     state: &mut [f32],
 ) {
+    block_n::<1>(level, kt, vals, kc, [q], scale, [state])
+}
+
+/// [`block`] for `N` queries at once (query heads of one row, so the same `kc`): every key and
+/// value loaded serves the `N` of them. Each query's operations are those of [`block`], in the
+/// same order, so the results are the same bits.
+fn block_n<const N: usize>(
+    level: Level,
+    kt: &[f32],
+    vals: &[f32],
+    kc: usize,
+    q: [&[f32]; N],
+    scale: f32,
+    state: [&mut [f32]; N],
+) {
     #[cfg(target_arch = "x86_64")]
     {
         match level {
             // SAFETY: the level is at most what the CPU supports (hearth_quant checks).
-            Level::Avx512 => return unsafe { block_avx512(kt, vals, kc, q, scale, state) },
-            Level::Avx2 => return unsafe { block_avx2(kt, vals, kc, q, scale, state) },
+            Level::Avx512 => return unsafe { block_avx512::<N>(kt, vals, kc, q, scale, state) },
+            Level::Avx2 => return unsafe { block_avx2::<N>(kt, vals, kc, q, scale, state) },
             Level::Scalar => {}
         }
     }
     let _ = level;
-    block_body(kt, vals, kc, q, scale, state)
+    block_body::<N>(kt, vals, kc, q, scale, state)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn block_avx512(
+unsafe fn block_avx512<const N: usize>(
     kt: &[f32],
     vals: &[f32],
     kc: usize,
-    q: &[f32],
+    q: [&[f32]; N],
     scale: f32,
-    state: &mut [f32],
+    state: [&mut [f32]; N],
 ) {
-    block_body(kt, vals, kc, q, scale, state)
+    block_body::<N>(kt, vals, kc, q, scale, state)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2(
+unsafe fn block_avx2<const N: usize>(
     kt: &[f32],
     vals: &[f32],
     kc: usize,
-    q: &[f32],
+    q: [&[f32]; N],
     scale: f32,
-    state: &mut [f32],
+    state: [&mut [f32]; N],
 ) {
-    block_body(kt, vals, kc, q, scale, state)
+    block_body::<N>(kt, vals, kc, q, scale, state)
 }
 
 /// Output elements accumulated in registers at a time.
 const OUT_CHUNK: usize = 64;
 
 #[inline(always)]
-fn block_body(kt: &[f32], vals: &[f32], kc: usize, q: &[f32], scale: f32, state: &mut [f32]) {
-    let hd = q.len();
-    let hdv = state.len() - 2;
+fn block_body<const N: usize>(
+    kt: &[f32],
+    vals: &[f32],
+    kc: usize,
+    q: [&[f32]; N],
+    scale: f32,
+    state: [&mut [f32]; N],
+) {
+    let hd = q[0].len();
+    let hdv = state[0].len() - 2;
     assert!((1..=KEYS).contains(&kc) && kt.len() == hd * KEYS && vals.len() == kc * hdv);
+    for n in 0..N {
+        assert!(q[n].len() == hd && state[n].len() == hdv + 2);
+    }
     // Scores: for each key lane, one FMA chain over the head dimension in order.
-    let mut s = [0f32; KEYS];
-    for (d, &qd) in q.iter().enumerate() {
+    let mut s = [[0f32; KEYS]; N];
+    for d in 0..hd {
         let col: &[f32; KEYS] = kt[d * KEYS..(d + 1) * KEYS].try_into().expect("KEYS wide");
-        for k in 0..KEYS {
-            s[k] = qd.mul_add(col[k], s[k]);
+        for n in 0..N {
+            let qd = q[n][d];
+            for k in 0..KEYS {
+                s[n][k] = qd.mul_add(col[k], s[n][k]);
+            }
         }
     }
-    let mut bmax = f32::NEG_INFINITY;
-    for x in &mut s[..kc] {
-        *x *= scale;
-        bmax = bmax.max(*x);
+    let mut p = [[0f32; KEYS]; N];
+    let mut alpha = [0f32; N];
+    for n in 0..N {
+        let mut bmax = f32::NEG_INFINITY;
+        for x in &mut s[n][..kc] {
+            *x *= scale;
+            bmax = bmax.max(*x);
+        }
+        let st = &state[n];
+        let (m, sum) = (st[hdv], st[hdv + 1]);
+        let m_new = m.max(bmax);
+        alpha[n] = exp(m - m_new);
+        for k in 0..KEYS {
+            p[n][k] = exp(s[n][k] - m_new);
+        }
+        let mut sum = sum * alpha[n];
+        for &x in &p[n][..kc] {
+            sum += x;
+        }
+        let st = &mut *state[n];
+        st[hdv] = m_new;
+        st[hdv + 1] = sum;
     }
-    let (m, sum) = (state[hdv], state[hdv + 1]);
-    let m_new = m.max(bmax);
-    let alpha = exp(m - m_new);
-    let mut p = [0f32; KEYS];
-    for k in 0..KEYS {
-        p[k] = exp(s[k] - m_new);
-    }
-    let mut sum = sum * alpha;
-    for &x in &p[..kc] {
-        sum += x;
-    }
-    state[hdv] = m_new;
-    state[hdv + 1] = sum;
     // o = o * alpha + Σ_k p_k v_k, each element's chain over the keys in order.
-    let o = &mut state[..hdv];
     let mut e0 = 0;
     while e0 + OUT_CHUNK <= hdv {
-        let mut acc: [f32; OUT_CHUNK] = o[e0..e0 + OUT_CHUNK].try_into().expect("chunk");
-        for x in &mut acc {
-            *x *= alpha;
+        let mut acc = [[0f32; OUT_CHUNK]; N];
+        for n in 0..N {
+            acc[n].copy_from_slice(&state[n][e0..e0 + OUT_CHUNK]);
+            for x in &mut acc[n] {
+                *x *= alpha[n];
+            }
         }
-        for (k, &pk) in p[..kc].iter().enumerate() {
+        for k in 0..kc {
             let v: &[f32; OUT_CHUNK] = vals[k * hdv + e0..k * hdv + e0 + OUT_CHUNK]
                 .try_into()
                 .expect("chunk");
-            for i in 0..OUT_CHUNK {
-                acc[i] = pk.mul_add(v[i], acc[i]);
+            for n in 0..N {
+                let pk = p[n][k];
+                for i in 0..OUT_CHUNK {
+                    acc[n][i] = pk.mul_add(v[i], acc[n][i]);
+                }
             }
         }
-        o[e0..e0 + OUT_CHUNK].copy_from_slice(&acc);
+        for n in 0..N {
+            state[n][e0..e0 + OUT_CHUNK].copy_from_slice(&acc[n]);
+        }
         e0 += OUT_CHUNK;
     }
-    for e in e0..hdv {
-        let mut acc = o[e] * alpha;
-        for (k, &pk) in p[..kc].iter().enumerate() {
-            acc = pk.mul_add(vals[k * hdv + e], acc);
+    for n in 0..N {
+        for e in e0..hdv {
+            let mut acc = state[n][e] * alpha[n];
+            for (k, &pk) in p[n][..kc].iter().enumerate() {
+                acc = pk.mul_add(vals[k * hdv + e], acc);
+            }
+            state[n][e] = acc;
         }
-        o[e] = acc;
     }
 }
 
@@ -442,22 +492,56 @@ mod tests {
 
     #[test]
     fn block_kernels_agree_bit_for_bit() {
-        let (hd, hdv) = (72, 40);
-        let kt: Vec<f32> = (0..hd * KEYS).map(|i| ((i as f32) * 0.37).sin()).collect();
-        let vals: Vec<f32> = (0..KEYS * hdv).map(|i| ((i as f32) * 0.11).cos()).collect();
-        let q: Vec<f32> = (0..hd).map(|i| ((i as f32) * 0.7).sin() * 2.0).collect();
-        for kc in [1, 5, 17, KEYS] {
-            let mut want = vec![0f32; hdv + 2];
-            want[hdv] = f32::NEG_INFINITY;
-            block_body(&kt, &vals[..kc * hdv], kc, &q, 0.125, &mut want);
-            block_body(&kt, &vals[..kc * hdv], kc, &q, 0.125, &mut want);
-            for level in hearth_quant::simd::available_levels() {
-                let mut got = vec![0f32; hdv + 2];
-                got[hdv] = f32::NEG_INFINITY;
-                block(level, &kt, &vals[..kc * hdv], kc, &q, 0.125, &mut got);
-                block(level, &kt, &vals[..kc * hdv], kc, &q, 0.125, &mut got);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "level {level}, kc {kc}");
+        // Every level, one query or four at once, equals the scalar body on one query, bit for
+        // bit; head_dim_v 136 has two full output chunks and a tail, 40 only a tail.
+        for (hd, hdv) in [(72, 40), (64, 136)] {
+            let kt: Vec<f32> = (0..hd * KEYS).map(|i| ((i as f32) * 0.37).sin()).collect();
+            let vals: Vec<f32> = (0..KEYS * hdv).map(|i| ((i as f32) * 0.11).cos()).collect();
+            let qs: Vec<Vec<f32>> = (0..4)
+                .map(|n| {
+                    (0..hd)
+                        .map(|i| ((i * (n + 1)) as f32 * 0.7).sin() * 2.0)
+                        .collect()
+                })
+                .collect();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for kc in [1, 5, 17, KEYS] {
+                let vals = &vals[..kc * hdv];
+                let fresh = || {
+                    let mut st = vec![0f32; hdv + 2];
+                    st[hdv] = f32::NEG_INFINITY;
+                    st
+                };
+                let want: Vec<Vec<f32>> = qs
+                    .iter()
+                    .map(|q| {
+                        let mut st = fresh();
+                        block_body::<1>(&kt, vals, kc, [q], 0.125, [&mut st]);
+                        block_body::<1>(&kt, vals, kc, [q], 0.125, [&mut st]);
+                        st
+                    })
+                    .collect();
+                for level in hearth_quant::simd::available_levels() {
+                    let mut got = fresh();
+                    block(level, &kt, vals, kc, &qs[0], 0.125, &mut got);
+                    block(level, &kt, vals, kc, &qs[0], 0.125, &mut got);
+                    assert_eq!(bits(&got), bits(&want[0]), "level {level}, kc {kc}");
+                    let mut four: Vec<Vec<f32>> = (0..4).map(|_| fresh()).collect();
+                    for _ in 0..2 {
+                        let q: [&[f32]; 4] = std::array::from_fn(|n| &qs[n][..]);
+                        let mut it = four.iter_mut();
+                        let st: [&mut [f32]; 4] =
+                            std::array::from_fn(|_| &mut it.next().unwrap()[..]);
+                        block_n::<4>(level, &kt, vals, kc, q, 0.125, st);
+                    }
+                    for n in 0..4 {
+                        assert_eq!(
+                            bits(&four[n]),
+                            bits(&want[n]),
+                            "level {level}, kc {kc}, {n}"
+                        );
+                    }
+                }
             }
         }
     }
