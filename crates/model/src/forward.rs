@@ -59,9 +59,10 @@ pub struct Scratch {
     cos: Vec<f32>,      // [T, n_rot / 2]
     sin: Vec<f32>,      // [T, n_rot / 2]
     acts: QuantActs,
-    out_rows: Vec<usize>,         // [T] batch rows whose logits are wanted
+    tok_acts: QuantActs, // [T] the batch rows quantized once, gathered into `acts` per expert pair
+    out_rows: Vec<usize>, // [T] batch rows whose logits are wanted
     attn_blocks: Vec<(u32, u32)>, // attention tasks' row ranges
-    logits: Vec<f32>,             // [T, n_vocab]
+    logits: Vec<f32>,    // [T, n_vocab]
 }
 
 impl Scratch {
@@ -99,6 +100,7 @@ impl Scratch {
             cos: vec![0.0; t * c.rope.n_rot / 2],
             sin: vec![0.0; t * c.rope.n_rot / 2],
             acts: QuantActs::with_capacity(t * k, widest),
+            tok_acts: QuantActs::with_capacity(if n_expert > 0 { t } else { 0 }, widest),
             out_rows: Vec::with_capacity(t),
             attn_blocks: Vec::with_capacity(t),
             logits: vec![0.0; t * c.n_vocab],
@@ -512,31 +514,39 @@ impl Model {
             }
         }
 
-        // The pairs' input rows in grouped order (`moe_out` is free until the down projection), so
-        // each expert's tokens are consecutive rows of one matrix product.
-        for (p, &t) in s.pair_tok[..n * k].iter().enumerate() {
-            let t = t as usize;
-            s.moe_out[p * d..(p + 1) * d].copy_from_slice(&s.xn[t * d..(t + 1) * d]);
+        // Each token's input row quantized once, then the quantized rows gathered in grouped
+        // order, so each expert's tokens are consecutive rows of one matrix product (copying the
+        // f32 rows and quantizing every pair cost k times the work).
+        let mut products = [
+            Product {
+                w: gate_exps,
+                out: &mut s.ffn_a,
+                out_stride: ff,
+            },
+            Product {
+                w: up_exps,
+                out: &mut s.ffn_b,
+                out_stride: ff,
+            },
+        ];
+        if vec_dot_type(gate_exps.ty) == vec_dot_type(up_exps.ty) {
+            s.tok_acts.quantize(pool, gate_exps.ty, &s.xn, n, d, d);
+            s.acts.gather(pool, &s.tok_acts, &s.pair_tok[..n * k]);
+            matmul_fused(pool, &mut products, &s.acts, &s.groups, None);
+        } else {
+            for (p, &t) in s.pair_tok[..n * k].iter().enumerate() {
+                let t = t as usize;
+                s.moe_out[p * d..(p + 1) * d].copy_from_slice(&s.xn[t * d..(t + 1) * d]);
+            }
+            shared_input_products(
+                pool,
+                &mut s.acts,
+                &s.moe_out,
+                n * k,
+                &s.groups,
+                &mut products,
+            );
         }
-        shared_input_products(
-            pool,
-            &mut s.acts,
-            &s.moe_out,
-            n * k,
-            &s.groups,
-            &mut [
-                Product {
-                    w: gate_exps,
-                    out: &mut s.ffn_a,
-                    out_stride: ff,
-                },
-                Product {
-                    w: up_exps,
-                    out: &mut s.ffn_b,
-                    out_stride: ff,
-                },
-            ],
-        );
         swiglu_rows(pool, &mut s.ffn_a[..n * k * ff], &s.ffn_b[..n * k * ff], ff);
         s.acts.quantize(pool, down_exps.ty, &s.ffn_a, n * k, ff, ff);
         matmul_gather(

@@ -75,6 +75,30 @@ impl QuantActs {
         );
     }
 
+    /// Rows `rows[i]` of `src`, in that order, rows split over the pool's threads.
+    pub fn gather(&mut self, pool: &ThreadPool, src: &QuantActs, rows: &[u32]) {
+        let row_bytes = src.row_bytes;
+        self.ty = src.ty;
+        self.cols = src.cols;
+        self.row_bytes = row_bytes;
+        self.n_rows = rows.len();
+        self.data.clear();
+        self.data.resize(rows.len() * row_bytes, 0);
+        if rows.is_empty() || row_bytes == 0 {
+            return;
+        }
+        pool.for_rows(
+            &mut self.data,
+            row_bytes,
+            QUANTIZE_ROWS_PER_TASK,
+            &|dst, r0| {
+                for (i, d) in dst.chunks_exact_mut(row_bytes).enumerate() {
+                    d.copy_from_slice(src.row(rows[r0 + i] as usize));
+                }
+            },
+        );
+    }
+
     /// Row `r`.
     #[inline]
     pub fn row(&self, r: usize) -> &[u8] {
