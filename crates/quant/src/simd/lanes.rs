@@ -564,11 +564,12 @@ const Q8K_QS: usize = 4;
 const Q8K_BSUMS: usize = 260;
 
 /// Q4_K / Q5_K unpacked: 64 registers of quants (register `k` holds elements `4k..4k + 4`), the
-/// eight sub-block scales as i32, the eight minimums as i16 pairs `[m, m]`, `d` and `dmin`.
+/// eight sub-block scales as i32, the eight minimums as i16 pairs `[m[2p], m[2p + 1]]`, `d` and
+/// `dmin`.
 struct K45P {
     q: [__m512i; 64],
     sc: [__m512i; 8],
-    mn: [__m512i; 8],
+    mn: [__m512i; 4],
     d: __m512,
     dmin: __m512,
 }
@@ -580,7 +581,7 @@ impl<const Q5: bool> Fmt for K45<Q5> {
     const AB: usize = 292;
     const CHUNK: usize = 1;
     type P = K45P;
-    type Q = ();
+    type Q = __m128i;
 
     #[inline(always)]
     unsafe fn pack(src: &TChunk, _cn: usize, p: &mut K45P) {
@@ -610,10 +611,16 @@ impl<const Q5: bool> Fmt for K45<Q5> {
             let sh = _mm_cvtsi32_si128(8 * s as i32);
             p.sc[s] = _mm512_and_si512(_mm512_srl_epi32(sc_lo, sh), byte);
             p.sc[s + 4] = _mm512_and_si512(_mm512_srl_epi32(sc_hi, sh), byte);
-            let ml = _mm512_and_si512(_mm512_srl_epi32(mn_lo, sh), byte);
-            let mh = _mm512_and_si512(_mm512_srl_epi32(mn_hi, sh), byte);
-            p.mn[s] = _mm512_or_si512(ml, _mm512_slli_epi32(ml, 16));
-            p.mn[s + 4] = _mm512_or_si512(mh, _mm512_slli_epi32(mh, 16));
+        }
+        // i16 pairs of consecutive minimums: bytes [m0, m1, m2, m3] give [m0, m1] and [m2, m3].
+        let even = _mm512_set1_epi32(0x00ff_00ff);
+        let low = _mm512_set1_epi32(0xffff);
+        for (h, v) in [mn_lo, mn_hi].into_iter().enumerate() {
+            let e = _mm512_and_si512(v, even); // (m0, m2)
+            let o = _mm512_and_si512(_mm512_srli_epi32(v, 8), even); // (m1, m3)
+            p.mn[2 * h] = _mm512_or_si512(_mm512_and_si512(e, low), _mm512_slli_epi32(o, 16));
+            p.mn[2 * h + 1] =
+                _mm512_or_si512(_mm512_srli_epi32(e, 16), _mm512_andnot_si512(low, o));
         }
         let qs = if Q5 { 48 } else { 16 };
         let one = _mm512_set1_epi8(1);
@@ -639,15 +646,19 @@ impl<const Q5: bool> Fmt for K45<Q5> {
         }
     }
 
+    /// The sums of the 8 sub-blocks as i16 (`bsums` added in pairs), for the minimums.
     #[inline(always)]
-    unsafe fn prep(_a: *const u8, _cn: usize, _q: &mut ()) {}
+    unsafe fn prep(a: *const u8, _cn: usize, q: &mut __m128i) {
+        let bs = _mm256_loadu_si256(a.add(Q8K_BSUMS).cast());
+        *q = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    }
 
     #[inline(always)]
     unsafe fn step<const T: usize>(
         p: &K45P,
         _b: usize,
         a: &[*const u8; T],
-        _q: &[&(); T],
+        q: &[&__m128i; T],
         acc: &mut [__m512; T],
         accm: &mut [__m512; T],
     ) {
@@ -666,7 +677,12 @@ impl<const Q5: bool> Fmt for K45<Q5> {
             for t in 0..T {
                 let is = sum_chains(&is, c, t);
                 tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(is, p.sc[s]));
-                ms[t] = _mm512_dpwssd_epi32(ms[t], p.mn[s], bcast(a[t].add(Q8K_BSUMS + 4 * s)));
+            }
+        }
+        for (pr, mn) in p.mn.iter().enumerate() {
+            for t in 0..T {
+                let q8s = bcast((q[t] as *const __m128i).cast::<u8>().add(4 * pr));
+                ms[t] = _mm512_dpwssd_epi32(ms[t], *mn, q8s);
             }
         }
         for t in 0..T {
