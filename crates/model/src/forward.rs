@@ -40,24 +40,25 @@ pub trait Tap {
 /// Buffers of the forward pass, sized once for a maximum batch.
 pub struct Scratch {
     max_tokens: usize,
-    x: Vec<f32>,        // [T, n_embd] residual stream
-    xn: Vec<f32>,       // [T, n_embd] normed input of the current sublayer
-    q: Vec<f32>,        // [T, n_head * head_dim]
-    k: Vec<f32>,        // [T, n_head_kv * head_dim]
-    v: Vec<f32>,        // [T, n_head_kv * head_dim_v]
-    attn: Vec<f32>,     // [T, n_head * head_dim_v]
-    proj: Vec<f32>,     // [T, n_embd] output of attn_output / ffn_down
-    ffn_a: Vec<f32>,    // [T * max(1, k), max(n_ff, n_ff_exp)] gate, then SwiGLU
-    ffn_b: Vec<f32>,    // [T * max(1, k), max(n_ff, n_ff_exp)] up
-    moe_out: Vec<f32>,  // [T * k, n_embd] each (token, expert) pair's down projection
-    router: Vec<f32>,   // [T, n_expert]
-    sel: Vec<u32>,      // [T, k] chosen experts, by descending probability
-    sel_w: Vec<f32>,    // [T, k] their weights
-    pair_tok: Vec<u32>, // [T * k] token of each pair, grouped by expert
-    pair_id: Vec<u32>,  // [T * k] pair index (t * k + slot), grouped by expert
-    groups: Vec<Group>, // [n_expert]
-    cos: Vec<f32>,      // [T, n_rot / 2]
-    sin: Vec<f32>,      // [T, n_rot / 2]
+    x: Vec<f32>,           // [T, n_embd] residual stream
+    xn: Vec<f32>,          // [T, n_embd] normed input of the current sublayer
+    q: Vec<f32>,           // [T, n_head * head_dim]
+    k: Vec<f32>,           // [T, n_head_kv * head_dim]
+    v: Vec<f32>,           // [T, n_head_kv * head_dim_v]
+    attn: Vec<f32>,        // [T, n_head * head_dim_v]
+    proj: Vec<f32>,        // [T, n_embd] output of attn_output / ffn_down
+    ffn_a: Vec<f32>,       // [T * max(1, k), max(n_ff, n_ff_exp)] gate, then SwiGLU
+    ffn_b: Vec<f32>,       // [T * max(1, k), max(n_ff, n_ff_exp)] up
+    moe_out: Vec<f32>,     // [T * k, n_embd] each (token, expert) pair's down projection
+    router: Vec<f32>,      // [T, n_expert]
+    sel: Vec<u32>,         // [T, k] chosen experts, by descending probability
+    sel_w: Vec<f32>,       // [T, k] their weights
+    pair_tok: Vec<u32>,    // [T * k] token of each pair, grouped by expert
+    pair_id: Vec<u32>,     // [T * k] pair index (t * k + slot), grouped by expert
+    groups: Vec<Group>,    // [n_expert]
+    expert_at: Vec<usize>, // [n_expert + 1] counting-sort offsets
+    cos: Vec<f32>,         // [T, n_rot / 2]
+    sin: Vec<f32>,         // [T, n_rot / 2]
     acts: QuantActs,
     tok_acts: QuantActs, // [T] the batch rows quantized once, gathered into `acts` per expert pair
     out_rows: Vec<usize>, // [T] batch rows whose logits are wanted
@@ -97,6 +98,7 @@ impl Scratch {
             pair_tok: vec![0; t * k],
             pair_id: vec![0; t * k],
             groups: Vec::with_capacity(n_expert),
+            expert_at: Vec::with_capacity(n_expert + 1),
             cos: vec![0.0; t * c.rope.n_rot / 2],
             sin: vec![0.0; t * c.rope.n_rot / 2],
             acts: QuantActs::with_capacity(t * k, widest),
@@ -263,7 +265,8 @@ impl Model {
         let n = b.tokens.len();
         let d = c.n_embd;
         let (qd, kd, vd, hd) = (c.q_dim(), c.k_dim(), c.v_dim(), c.head_dim);
-        rms_norm_rows(
+        norm_rows(
+            pool,
             &mut s.xn[..n * d],
             &s.x[..n * d],
             &layer.attn_norm,
@@ -313,29 +316,48 @@ impl Model {
 
         // Qwen3: per-head RMSNorm of Q and K before RoPE, as HF Qwen3Attention.
         if let Some(w) = &layer.q_norm {
-            s.q[..n * qd]
-                .chunks_exact_mut(hd)
-                .for_each(|h| rms_norm(h, w, c.rms_eps));
+            pool.for_rows(
+                &mut s.q[..n * qd],
+                qd,
+                rows_per_task(pool, n),
+                &|rows, _| {
+                    rows.chunks_exact_mut(hd)
+                        .for_each(|h| rms_norm(h, w, c.rms_eps))
+                },
+            );
             emit(tap, "Qcur_normed", l, &s.q, n, qd);
         }
         if let Some(w) = &layer.k_norm {
-            s.k[..n * kd]
-                .chunks_exact_mut(hd)
-                .for_each(|h| rms_norm(h, w, c.rms_eps));
+            pool.for_rows(
+                &mut s.k[..n * kd],
+                kd,
+                rows_per_task(pool, n),
+                &|rows, _| {
+                    rows.chunks_exact_mut(hd)
+                        .for_each(|h| rms_norm(h, w, c.rms_eps))
+                },
+            );
             emit(tap, "Kcur_normed", l, &s.k, n, kd);
         }
         let half = c.rope.n_rot / 2;
-        for t in 0..n {
-            let (cos, sin) = (
-                &s.cos[t * half..(t + 1) * half],
-                &s.sin[t * half..(t + 1) * half],
+        let (cos, sin) = (&s.cos, &s.sin);
+        for (buf, width) in [(&mut s.q, qd), (&mut s.k, kd)] {
+            pool.for_rows(
+                &mut buf[..n * width],
+                width,
+                rows_per_task(pool, n),
+                &|rows, r0| {
+                    for (i, row) in rows.chunks_exact_mut(width).enumerate() {
+                        let t = r0 + i;
+                        let (cos, sin) = (
+                            &cos[t * half..(t + 1) * half],
+                            &sin[t * half..(t + 1) * half],
+                        );
+                        row.chunks_exact_mut(hd)
+                            .for_each(|h| c.rope.rotate(h, cos, sin));
+                    }
+                },
             );
-            s.q[t * qd..(t + 1) * qd]
-                .chunks_exact_mut(hd)
-                .for_each(|h| c.rope.rotate(h, cos, sin));
-            s.k[t * kd..(t + 1) * kd]
-                .chunks_exact_mut(hd)
-                .for_each(|h| c.rope.rotate(h, cos, sin));
         }
         emit(tap, "Qcur", l, &s.q, n, qd);
         emit(tap, "Kcur", l, &s.k, n, kd);
@@ -361,9 +383,7 @@ impl Model {
         s.acts.quantize(pool, layer.wo.ty, &s.attn, n, od, od);
         matmul(pool, &layer.wo, &s.acts, n, &mut s.proj, d);
         emit(tap, "attn_out", l, &s.proj, n, d);
-        for t in 0..n {
-            add_assign(&mut s.x[t * d..(t + 1) * d], &s.proj[t * d..(t + 1) * d]);
-        }
+        add_rows(pool, &mut s.x[..n * d], &s.proj[..n * d], d);
         emit(tap, "ffn_inp", l, &s.x, n, d);
     }
 
@@ -378,7 +398,8 @@ impl Model {
     ) {
         let c = &self.config;
         let d = c.n_embd;
-        rms_norm_rows(
+        norm_rows(
+            pool,
             &mut s.xn[..n * d],
             &s.x[..n * d],
             &layer.ffn_norm,
@@ -429,9 +450,7 @@ impl Model {
             }
         }
         emit(tap, "ffn_out", l, &s.proj, n, d);
-        for t in 0..n {
-            add_assign(&mut s.x[t * d..(t + 1) * d], &s.proj[t * d..(t + 1) * d]);
-        }
+        add_rows(pool, &mut s.x[..n * d], &s.proj[..n * d], d);
         emit(tap, "l_out", l, &s.x, n, d);
     }
 
@@ -494,24 +513,30 @@ impl Model {
         }
 
         // Group the (token, slot) pairs by expert so each chosen expert runs once over all its tokens.
+        // A counting sort: pairs of one expert keep their batch order.
         s.groups.clear();
-        let mut at = 0;
-        for e in 0..ne as u32 {
-            let start = at;
-            for p in 0..n * k {
-                if s.sel[p] == e {
-                    s.pair_tok[at] = (p / k) as u32;
-                    s.pair_id[at] = p as u32;
-                    at += 1;
-                }
-            }
-            if at > start {
+        s.expert_at.clear();
+        s.expert_at.resize(ne + 1, 0);
+        for &e in &s.sel[..n * k] {
+            s.expert_at[e as usize + 1] += 1;
+        }
+        for e in 0..ne {
+            let (start, count) = (s.expert_at[e], s.expert_at[e + 1]);
+            if count > 0 {
                 s.groups.push(Group {
-                    mat: e as usize,
+                    mat: e,
                     start,
-                    n: at - start,
+                    n: count,
                 });
             }
+            s.expert_at[e + 1] = start + count;
+        }
+        for p in 0..n * k {
+            let e = s.sel[p] as usize;
+            let at = s.expert_at[e];
+            s.pair_tok[at] = (p / k) as u32;
+            s.pair_id[at] = p as u32;
+            s.expert_at[e] += 1;
         }
 
         // Each token's input row quantized once, then the quantized rows gathered in grouped
@@ -559,18 +584,26 @@ impl Model {
             d,
         );
 
-        for t in 0..n {
-            let out = &mut s.proj[t * d..(t + 1) * d];
-            for slot in 0..k {
-                let wt = s.sel_w[t * k + slot];
-                let e_out = &s.moe_out[(t * k + slot) * d..(t * k + slot + 1) * d];
-                if slot == 0 {
-                    out.iter_mut().zip(e_out).for_each(|(o, v)| *o = v * wt);
-                } else {
-                    out.iter_mut().zip(e_out).for_each(|(o, v)| *o += v * wt);
+        let (moe_out, sel_w) = (&s.moe_out, &s.sel_w);
+        pool.for_rows(
+            &mut s.proj[..n * d],
+            d,
+            rows_per_task(pool, n),
+            &|rows, r0| {
+                for (i, out) in rows.chunks_exact_mut(d).enumerate() {
+                    let t = r0 + i;
+                    for slot in 0..k {
+                        let wt = sel_w[t * k + slot];
+                        let e_out = &moe_out[(t * k + slot) * d..(t * k + slot + 1) * d];
+                        if slot == 0 {
+                            out.iter_mut().zip(e_out).for_each(|(o, v)| *o = v * wt);
+                        } else {
+                            out.iter_mut().zip(e_out).for_each(|(o, v)| *o += v * wt);
+                        }
+                    }
                 }
-            }
-        }
+            },
+        );
     }
 }
 
@@ -585,6 +618,27 @@ fn emit(
     if let Some(tap) = tap.as_deref_mut() {
         tap.tensor(name, Some(layer), &data[..rows * cols], rows, cols);
     }
+}
+
+/// Rows per task for a row-wise pass over `n` rows: about four tasks per thread (one task, run
+/// in place, for a single row).
+fn rows_per_task(pool: &ThreadPool, n: usize) -> usize {
+    n.div_ceil(4 * pool.n_threads()).max(1)
+}
+
+/// [`rms_norm_rows`], rows split over the pool's threads.
+fn norm_rows(pool: &ThreadPool, dst: &mut [f32], src: &[f32], weight: &[f32], eps: f32) {
+    let d = weight.len();
+    pool.for_rows(dst, d, rows_per_task(pool, dst.len() / d), &|rows, r0| {
+        rms_norm_rows(rows, &src[r0 * d..r0 * d + rows.len()], weight, eps)
+    });
+}
+
+/// `x[t] += y[t]` for every row `t` of width `d`, rows split over the pool's threads.
+fn add_rows(pool: &ThreadPool, x: &mut [f32], y: &[f32], d: usize) {
+    pool.for_rows(x, d, rows_per_task(pool, y.len() / d), &|rows, r0| {
+        add_assign(rows, &y[r0 * d..r0 * d + rows.len()])
+    });
 }
 
 /// [`swiglu`] of `[rows, ff]` matrices, rows split over the pool's threads.
