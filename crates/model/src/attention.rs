@@ -133,9 +133,9 @@ pub(crate) fn attend(
                     let src = &r.q[t * qd + h * hd..t * qd + (h + 1) * hd];
                     let dst = &mut qs[(i * hpt + j) * hd..][..hd];
                     if matches!(keys, Rows::F16(_)) {
-                        for (d, x) in dst.iter_mut().zip(src) {
-                            *d = f16::from_f32(*x).to_f32();
-                        }
+                        let mut h = [f16::ZERO; MAX_HEAD_DIM];
+                        h[..hd].convert_from_f32_slice(src);
+                        h[..hd].convert_to_f32_slice(dst);
                     } else {
                         dst.copy_from_slice(src);
                     }
