@@ -91,12 +91,15 @@ pub(crate) fn attend(
         blocks.push((t as u32, e as u32));
         t = e;
     }
-    // Split a KV head's query heads over tasks only when there would be too few tasks otherwise.
-    let split = if blocks.len() * c.n_head_kv < 4 * pool.n_threads() {
-        group
-    } else {
-        1
-    };
+    // Split a KV head's query heads over tasks only when there would be fewer tasks than threads
+    // otherwise, and no more than that needs: every task converts its KV head's keys and values.
+    let mut split = 1;
+    while blocks.len() * c.n_head_kv * split < pool.n_threads() && split < group {
+        split += 1;
+        while !group.is_multiple_of(split) {
+            split += 1;
+        }
+    }
     let hpt = group / split; // query heads per task
     let n_tasks = blocks.len() * c.n_head_kv * split;
     let scale = 1.0 / (hd as f32).sqrt();
