@@ -313,6 +313,13 @@ pub(super) unsafe fn type1_tile<D: Idot, W: Type1, const N: usize>(
 /// j = 0..8), unpacked with 32-bit masks as ggml's `utmp` dance.
 #[inline(always)]
 pub(super) fn k4_scales_mins(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let (sc, mn) = k4_scales_mins64(q);
+    (sc.to_le_bytes(), mn.to_le_bytes())
+}
+
+/// [`k4_scales_mins`] as two u64s of bytes (kernels move them into registers directly).
+#[inline(always)]
+pub(super) fn k4_scales_mins64(q: &[u8; 12]) -> (u64, u64) {
     let u0 = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
     let u1 = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
     let u2 = u32::from_le_bytes([q[8], q[9], q[10], q[11]]);
@@ -321,13 +328,10 @@ pub(super) fn k4_scales_mins(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     let sc_hi = (u2 & m4) | (((u0 >> 6) & m2) << 4);
     let mn_lo = u1 & m6;
     let mn_hi = ((u2 >> 4) & m4) | (((u1 >> 6) & m2) << 4);
-    let mut sc = [0u8; 8];
-    let mut mn = [0u8; 8];
-    sc[..4].copy_from_slice(&sc_lo.to_le_bytes());
-    sc[4..].copy_from_slice(&sc_hi.to_le_bytes());
-    mn[..4].copy_from_slice(&mn_lo.to_le_bytes());
-    mn[4..].copy_from_slice(&mn_hi.to_le_bytes());
-    (sc, mn)
+    (
+        sc_lo as u64 | (sc_hi as u64) << 32,
+        mn_lo as u64 | (mn_hi as u64) << 32,
+    )
 }
 
 /// Q4_K: per 64 elements, low nibbles × scale 2j and high nibbles × scale 2j+1; mins through bsums.

@@ -14,8 +14,8 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{
-    blocks, f16c, hsum_ps, hsum_ps128, k4_scales_mins, type0_tile, type1_tile, FloatRow, Idot,
-    Type0, Type1,
+    blocks, f16c, hsum_ps, hsum_ps128, k4_scales_mins, k4_scales_mins64, type0_tile, type1_tile,
+    FloatRow, Idot, Type0, Type1,
 };
 use super::{OutGrid, Rows};
 use crate::iq4::BlockIQ4NL;
@@ -463,24 +463,6 @@ unsafe fn k45_row<W: K45>(x: &[W], a: &[BlockQ8K]) -> f32 {
     acc - accm
 }
 
-/// The 8 scales and 8 minimums of a Q4_K / Q5_K super-block as two u64s of bytes (as
-/// `avx2::k4_scales_mins`, without the round trip through memory).
-#[inline(always)]
-fn k4_scales_mins64(q: &[u8; 12]) -> (u64, u64) {
-    let u0 = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
-    let u1 = u32::from_le_bytes([q[4], q[5], q[6], q[7]]);
-    let u2 = u32::from_le_bytes([q[8], q[9], q[10], q[11]]);
-    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
-    let sc_lo = u0 & m6;
-    let sc_hi = (u2 & m4) | (((u0 >> 6) & m2) << 4);
-    let mn_lo = u1 & m6;
-    let mn_hi = ((u2 >> 4) & m4) | (((u1 >> 6) & m2) << 4);
-    (
-        sc_lo as u64 | (sc_hi as u64) << 32,
-        mn_lo as u64 | (mn_hi as u64) << 32,
-    )
-}
-
 /// One token's Q8_K super-block prepared for [`q4_k_row`]: the quants in the order the weights
 /// unpack (two 64-byte loads of `qs`, each giving sub-blocks `4c, 4c + 2` from the low nibbles and
 /// `4c + 1, 4c + 3` from the high ones), the 8 sub-block sums as i16 and `d`.
@@ -513,42 +495,11 @@ unsafe fn q4_k_row(x: &[BlockQ4K], a: &[Q4KAct]) -> f32 {
     let (mut acc, mut accm) = (0f32, 0f32);
     let m4 = _mm512_set1_epi8(0x0f);
     // i16 lanes 0..16 take scale `lo`, lanes 16..32 scale `hi` (bytes 2s, 2s + 1 of each lane).
-    let idx = |lo: i8, hi: i8| {
-        let l = _mm_set_epi8(
-            2 * lo + 1,
-            2 * lo,
-            2 * lo + 1,
-            2 * lo,
-            2 * lo + 1,
-            2 * lo,
-            2 * lo + 1,
-            2 * lo,
-            2 * lo + 1,
-            2 * lo,
-            2 * lo + 1,
-            2 * lo,
-            2 * lo + 1,
-            2 * lo,
-            2 * lo + 1,
-            2 * lo,
-        );
-        let h = _mm_set_epi8(
-            2 * hi + 1,
-            2 * hi,
-            2 * hi + 1,
-            2 * hi,
-            2 * hi + 1,
-            2 * hi,
-            2 * hi + 1,
-            2 * hi,
-            2 * hi + 1,
-            2 * hi,
-            2 * hi + 1,
-            2 * hi,
-            2 * hi + 1,
-            2 * hi,
-            2 * hi + 1,
-            2 * hi,
+    let idx = |lo: i16, hi: i16| {
+        // Each i16 lane picks bytes [2s, 2s + 1] of its 128-bit lane.
+        let (l, h) = (
+            _mm_set1_epi16((2 * lo) | ((2 * lo + 1) << 8)),
+            _mm_set1_epi16((2 * hi) | ((2 * hi + 1) << 8)),
         );
         let lh = _mm512_castsi128_si512(l);
         let lh = _mm512_inserti32x4::<1>(lh, l);
