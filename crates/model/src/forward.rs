@@ -10,7 +10,9 @@ use hearth_quant::{dequantize_row, vec_dot_type};
 use crate::attention::{attend, AttnRows};
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
-use crate::matmul::{matmul, matmul_fused, matmul_gather, Group, Product, QuantActs};
+use crate::matmul::{
+    matmul, matmul_fused, matmul_gather, matmul_swiglu, Group, Product, QuantActs,
+};
 use crate::model::Model;
 use crate::ops::{add_assign, rms_norm, rms_norm_into, rms_norm_rows, softmax, swiglu};
 use crate::threads::ThreadPool;
@@ -407,6 +409,13 @@ impl Model {
         );
         emit(tap, "ffn_norm", l, &s.xn, n, d);
         match &layer.ffn {
+            Ffn::Dense { gate, up, down } if fusable(gate, up) => {
+                let ff = gate.rows;
+                s.acts.quantize(pool, gate.ty, &s.xn, n, d, d);
+                matmul_swiglu(pool, gate, up, &s.acts, &[Group::all(n)], &mut s.ffn_a, ff);
+                s.acts.quantize(pool, down.ty, &s.ffn_a, n, ff, ff);
+                matmul(pool, down, &s.acts, n, &mut s.proj, d);
+            }
             Ffn::Dense { gate, up, down } => {
                 let ff = gate.rows;
                 let all = [Group::all(n)];
@@ -542,27 +551,35 @@ impl Model {
         // Each token's input row quantized once, then the quantized rows gathered in grouped
         // order, so each expert's tokens are consecutive rows of one matrix product (copying the
         // f32 rows and quantizing every pair cost k times the work).
-        let mut products = [
-            Product {
-                w: gate_exps,
-                out: &mut s.ffn_a,
-                out_stride: ff,
-            },
-            Product {
-                w: up_exps,
-                out: &mut s.ffn_b,
-                out_stride: ff,
-            },
-        ];
-        if vec_dot_type(gate_exps.ty) == vec_dot_type(up_exps.ty) {
+        if fusable(gate_exps, up_exps) {
             s.tok_acts.quantize(pool, gate_exps.ty, &s.xn, n, d, d);
             s.acts.gather(pool, &s.tok_acts, &s.pair_tok[..n * k]);
-            matmul_fused(pool, &mut products, &s.acts, &s.groups, None);
+            matmul_swiglu(
+                pool,
+                gate_exps,
+                up_exps,
+                &s.acts,
+                &s.groups,
+                &mut s.ffn_a,
+                ff,
+            );
         } else {
             for (p, &t) in s.pair_tok[..n * k].iter().enumerate() {
                 let t = t as usize;
                 s.moe_out[p * d..(p + 1) * d].copy_from_slice(&s.xn[t * d..(t + 1) * d]);
             }
+            let mut products = [
+                Product {
+                    w: gate_exps,
+                    out: &mut s.ffn_a,
+                    out_stride: ff,
+                },
+                Product {
+                    w: up_exps,
+                    out: &mut s.ffn_b,
+                    out_stride: ff,
+                },
+            ];
             shared_input_products(
                 pool,
                 &mut s.acts,
@@ -571,8 +588,8 @@ impl Model {
                 &s.groups,
                 &mut products,
             );
+            swiglu_rows(pool, &mut s.ffn_a[..n * k * ff], &s.ffn_b[..n * k * ff], ff);
         }
-        swiglu_rows(pool, &mut s.ffn_a[..n * k * ff], &s.ffn_b[..n * k * ff], ff);
         s.acts.quantize(pool, down_exps.ty, &s.ffn_a, n * k, ff, ff);
         matmul_gather(
             pool,
@@ -618,6 +635,12 @@ fn emit(
     if let Some(tap) = tap.as_deref_mut() {
         tap.tensor(name, Some(layer), &data[..rows * cols], rows, cols);
     }
+}
+
+/// Whether an FFN's gate and up run as one pass with the SwiGLU ([`matmul_swiglu`]): same type
+/// and shape (llama-quantize gives them the same type in every mix it writes).
+fn fusable(gate: &Weight, up: &Weight) -> bool {
+    gate.ty == up.ty && gate.rows == up.rows && gate.cols == up.cols
 }
 
 /// Rows per task for a row-wise pass over `n` rows: about four tasks per thread (one task, run

@@ -7,6 +7,7 @@
 
 use hearth_quant::{quantize_row, vec_dot_matrix, vec_dot_type, GgmlType, Rows};
 
+use crate::ops::swiglu;
 use crate::threads::{SharedMut, ThreadPool};
 use crate::weights::Weight;
 
@@ -175,9 +176,20 @@ const TASK_BYTES: usize = 1 << 20;
 /// worth when each weight byte serves few tokens, as long as the pass keeps at least four tasks
 /// per thread. Which task computes an output never changes its value.
 fn rows_per_task(w: &Weight, n_groups: usize, tokens: usize, threads: usize) -> usize {
+    rows_per_task_of(w.row_bytes, w.rows, n_groups, tokens, threads)
+}
+
+/// [`rows_per_task`] for `rows` rows that each read `row_bytes` bytes of weights.
+fn rows_per_task_of(
+    row_bytes: usize,
+    rows: usize,
+    n_groups: usize,
+    tokens: usize,
+    threads: usize,
+) -> usize {
     let per_group = tokens.div_ceil(n_groups.max(1)).max(1);
-    let mut calls = (TASK_BYTES / (ROWS_PER_CALL * w.row_bytes * per_group)).clamp(1, 64);
-    while calls > 1 && n_groups * w.rows.div_ceil(calls * ROWS_PER_CALL) < 4 * threads {
+    let mut calls = (TASK_BYTES / (ROWS_PER_CALL * row_bytes * per_group)).clamp(1, 64);
+    while calls > 1 && n_groups * rows.div_ceil(calls * ROWS_PER_CALL) < 4 * threads {
         calls /= 2;
     }
     calls * ROWS_PER_CALL
@@ -288,6 +300,108 @@ pub fn matmul_fused(
                         (Ok(d), Ok(s)) => *d = *s,
                         _ => dst.copy_from_slice(src),
                     }
+                }
+            }
+        }
+    });
+}
+
+/// An FFN's gate and up products and the SwiGLU between them in one pass:
+/// `out[i][r] = silu(gate[mat].row(r) · acts[i]) * (up[mat].row(r) · acts[i])` for every group and
+/// entry `i` (rows `out[i]`, stride `out_stride`). Each task computes a block of gate rows and the
+/// same up rows for its tokens and applies [`swiglu`] to them in registers-sized buffers, so the up
+/// product is never stored and there is no separate SwiGLU pass. The values are those of
+/// [`matmul_fused`] then [`swiglu`], bit for bit.
+pub fn matmul_swiglu(
+    pool: &ThreadPool,
+    gate: &Weight,
+    up: &Weight,
+    acts: &QuantActs,
+    groups: &[Group],
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    assert!(gate.rows == up.rows && gate.cols == up.cols && gate.ty == up.ty);
+    debug_assert_eq!(acts.ty, vec_dot_type(gate.ty));
+    let tokens: usize = groups.iter().map(|g| g.n).sum();
+    // A row of the pass reads a gate row and an up row.
+    let task_rows = rows_per_task_of(
+        gate.row_bytes + up.row_bytes,
+        gate.rows,
+        groups.len(),
+        tokens,
+        pool.n_threads(),
+    );
+    let chunks = gate.rows.div_ceil(task_rows);
+    let out_len = out.len();
+    let out_ptr = SharedMut::new(out);
+    pool.run(groups.len() * chunks, &|task| {
+        let g = &groups[task / chunks];
+        let t0 = (task % chunks) * task_rows;
+        let t1 = (t0 + task_rows).min(gate.rows);
+        let base = g.mat * gate.rows;
+        fn rows(w: &Weight, base: usize, r0: usize, r1: usize) -> Rows<'_> {
+            let rb = w.row_bytes;
+            Rows::packed(&w.bytes()[(base + r0) * rb..(base + r1) * rb], rb)
+        }
+        if g.n == 1 {
+            // One token: the gate rows straight into the output, the up rows beside them.
+            let at = g.start * out_stride + t0;
+            assert!(at + (t1 - t0) <= out_len);
+            let a = Rows::packed(acts.rows(g.start, 1), acts.row_bytes());
+            // SAFETY: in bounds (asserted); each (output row, weight row) is written by one task.
+            let dst = unsafe { out_ptr.slice(at, t1 - t0) };
+            vec_dot_matrix(gate.ty, gate.cols, rows(gate, base, t0, t1), a, dst, 1);
+            let mut u = [0f32; 1024];
+            for (c, d) in dst.chunks_mut(u.len()).enumerate() {
+                let (r0, r1) = (t0 + c * u.len(), t0 + c * u.len() + d.len());
+                vec_dot_matrix(
+                    up.ty,
+                    up.cols,
+                    rows(up, base, r0, r1),
+                    a,
+                    &mut u[..d.len()],
+                    1,
+                );
+                swiglu(d, &u[..d.len()]);
+            }
+            return;
+        }
+        let mut bg = [0f32; ROWS_PER_CALL * TOKENS_PER_CALL];
+        let mut bu = [0f32; ROWS_PER_CALL * TOKENS_PER_CALL];
+        for r0 in (t0..t1).step_by(ROWS_PER_CALL) {
+            let r1 = (r0 + ROWS_PER_CALL).min(t1);
+            let nr = r1 - r0;
+            for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
+                let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
+                let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
+                let len = (k - 1) * ROWS_PER_CALL + nr;
+                vec_dot_matrix(
+                    gate.ty,
+                    gate.cols,
+                    rows(gate, base, r0, r1),
+                    a,
+                    &mut bg[..len],
+                    ROWS_PER_CALL,
+                );
+                vec_dot_matrix(
+                    up.ty,
+                    up.cols,
+                    rows(up, base, r0, r1),
+                    a,
+                    &mut bu[..len],
+                    ROWS_PER_CALL,
+                );
+                // Element-wise, so the columns past `nr` (not stored) do not matter.
+                swiglu(&mut bg[..len], &bu[..len]);
+                for j in 0..k {
+                    let b = j * ROWS_PER_CALL;
+                    let at = (j0 + j) * out_stride + r0;
+                    assert!(at + nr <= out_len);
+                    // SAFETY: in bounds (asserted); each (output row, weight row) is written by
+                    // exactly one task.
+                    let dst = unsafe { out_ptr.slice(at, nr) };
+                    dst.copy_from_slice(&bg[b..b + nr]);
                 }
             }
         }
