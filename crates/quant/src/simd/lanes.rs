@@ -559,6 +559,34 @@ impl<W: Legacy> Fmt for L<W> {
 // ---------------------------------------------------------------------------------------------
 // K-quants × Q8_K (one super-block of 256 per chunk).
 
+/// `tot[t] += Σ_s sc[s] * Σ_{k < K} q[K·s + k] · y_t[4(K·s + k)..]` over a super-block's scale groups
+/// of `K` dwords (Q4_K / Q5_K: 8 groups of 32 quants, Q6_K: 16 groups of 16), each group's sum exact
+/// in i32 and multiplied by its scale (`vpmulld`); fewer than 4 tokens keep 4 `vpdpbusd` chains in
+/// flight.
+#[inline(always)]
+unsafe fn scaled_sums<const T: usize, const K: usize>(
+    q: &[__m512i; 64],
+    sc: &[__m512i],
+    a: &[*const u8; T],
+    tot: &mut [__m512i; T],
+) {
+    let c = chains(T);
+    for (s, sc) in sc.iter().enumerate().take(64 / K) {
+        let mut is = [[_mm512_setzero_si512(); T]; 4];
+        for k in 0..K {
+            let w = q[K * s + k];
+            for t in 0..T {
+                let y = bcast(a[t].add(Q8K_QS + 4 * (K * s + k)));
+                is[k % c][t] = _mm512_dpbusd_epi32(is[k % c][t], w, y);
+            }
+        }
+        for t in 0..T {
+            let is = sum_chains(&is, c, t);
+            tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(is, *sc));
+        }
+    }
+}
+
 /// Q8_K: `d` (f32) at 0, 256 quants at 4, 16 i16 sums of 16 quants at 260.
 const Q8K_QS: usize = 4;
 const Q8K_BSUMS: usize = 260;
@@ -669,7 +697,6 @@ impl<const Q5: bool> Fmt for K45<Q5> {
     ) {
         let mut tot = [_mm512_setzero_si512(); T];
         let mut ms = [_mm512_setzero_si512(); T];
-        let c = chains(T);
         if T >= 4 && !Q5 {
             // Q4_K, 4 tokens: a half sub-block's sum fits an i16 (16 * 15 * 128 < 2^15), so the
             // two halves' sums go into the two i16 halves of one lane and one `vpdpwssd` with
@@ -694,20 +721,7 @@ impl<const Q5: bool> Fmt for K45<Q5> {
                 }
             }
         } else {
-            for s in 0..8 {
-                let mut is = [[_mm512_setzero_si512(); T]; 4];
-                for k in 0..8 {
-                    let w = p.q[8 * s + k];
-                    for t in 0..T {
-                        let y = bcast(a[t].add(Q8K_QS + 32 * s + 4 * k));
-                        is[k % c][t] = _mm512_dpbusd_epi32(is[k % c][t], w, y);
-                    }
-                }
-                for t in 0..T {
-                    let is = sum_chains(&is, c, t);
-                    tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(is, p.sc[s]));
-                }
-            }
+            scaled_sums::<T, 8>(&p.q, &p.sc, a, &mut tot);
         }
         for (pr, mn) in p.mn.iter().enumerate() {
             for t in 0..T {
@@ -813,21 +827,7 @@ impl Fmt for Q6K {
     ) {
         let mut tot = [_mm512_setzero_si512(); T];
         let mut ms = [_mm512_setzero_si512(); T];
-        let c = chains(T);
-        for s in 0..16 {
-            let mut is = [[_mm512_setzero_si512(); T]; 4];
-            for k in 0..4 {
-                let w = p.q[4 * s + k];
-                for t in 0..T {
-                    let y = bcast(a[t].add(Q8K_QS + 16 * s + 4 * k));
-                    is[k % c][t] = _mm512_dpbusd_epi32(is[k % c][t], w, y);
-                }
-            }
-            for t in 0..T {
-                let is = sum_chains(&is, c, t);
-                tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(is, p.sc[s]));
-            }
-        }
+        scaled_sums::<T, 4>(&p.q, &p.sc, a, &mut tot);
         for pr in 0..8 {
             for t in 0..T {
                 ms[t] = _mm512_dpwssd_epi32(ms[t], p.scp[pr], bcast(a[t].add(Q8K_BSUMS + 4 * pr)));
