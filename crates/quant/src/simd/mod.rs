@@ -246,13 +246,7 @@ pub fn vec_dot_rows_at(
         );
     }
     if use_lanes(level, ty, w.len()) {
-        let w = Rows {
-            data: w,
-            stride: w.len(),
-            count: 1,
-        };
-        lanes_product(ty, n, &w, acts.len(), |j| acts[j], out, 1, 0);
-        return;
+        return row_lanes(ty, n, w, acts, out);
     }
     for (a, o) in acts.chunks(MAX_TILE).zip(out.chunks_mut(MAX_TILE)) {
         tile(level, ty, n, w, a, o);
@@ -325,16 +319,20 @@ fn lanes_product<'a>(
     }
 }
 
+/// One weight row against `acts` through the lanes kernel (`use_lanes` said yes).
+fn row_lanes(ty: GgmlType, n: usize, w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
+    let w = Rows {
+        data: w,
+        stride: w.len(),
+        count: 1,
+    };
+    lanes_product(ty, n, &w, acts.len(), |j| acts[j], out, 1, 0);
+}
+
 /// One pass of at most [`MAX_TILE`] activation rows; shapes already checked.
 fn tile(level: Level, ty: GgmlType, n: usize, w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
     if use_lanes(level, ty, w.len()) {
-        let w = Rows {
-            data: w,
-            stride: w.len(),
-            count: 1,
-        };
-        lanes_product(ty, n, &w, acts.len(), |j| acts[j], out, 1, 0);
-        return;
+        return row_lanes(ty, n, w, acts, out);
     }
     #[cfg(target_arch = "x86_64")]
     {
