@@ -12,27 +12,12 @@ use hearth_quant::simd::{available_levels, quantize_row_at, vec_dot_at, vec_dot_
 use hearth_quant::{has_vec_dot, vec_dot_type, GgmlType, ALL_TYPES};
 use std::time::Duration;
 
+mod common;
+use common::Rng;
+
 const COLS: usize = 4096;
 const ROWS: usize = 256;
 const TOKENS: usize = 8;
-
-/// splitmix64, so the bench needs no RNG crate.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn normal(&mut self) -> f32 {
-        (0..4)
-            .map(|_| (self.next() >> 40) as f32 / (1u64 << 24) as f32)
-            .sum::<f32>()
-            - 2.0
-    }
-}
 
 /// Byte offsets of f16 scales in a block, set to small finite values so no row is NaN/inf.
 fn f16_fields(ty: GgmlType) -> &'static [usize] {

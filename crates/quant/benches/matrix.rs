@@ -14,26 +14,11 @@ use hearth_quant::simd::{kernel_level, quantize_row_at, vec_dot_matrix_at, Level
 use hearth_quant::{vec_dot_type, GgmlType};
 use std::time::Duration;
 
+mod common;
+use common::Rng;
+
 const ROWS_PER_CALL: usize = 16;
 const TOKENS_PER_CALL: usize = 32;
-
-/// splitmix64, so the bench needs no RNG crate.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn normal(&mut self) -> f32 {
-        (0..4)
-            .map(|_| (self.next() >> 40) as f32 / (1u64 << 24) as f32)
-            .sum::<f32>()
-            - 2.0
-    }
-}
 
 /// Weights quantized from random normals (so scales and minimums are realistic).
 fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
