@@ -317,29 +317,22 @@ impl Model {
         emit(tap, "Vcur", l, &s.v, n, vd);
 
         // Qwen3: per-head RMSNorm of Q and K before RoPE, as HF Qwen3Attention.
-        if let Some(w) = &layer.q_norm {
-            pool.for_rows(
-                &mut s.q[..n * qd],
-                qd,
-                rows_per_task(pool, n),
-                &|rows, _| {
-                    rows.chunks_exact_mut(hd)
-                        .for_each(|h| rms_norm(h, w, c.rms_eps))
-                },
-            );
-            emit(tap, "Qcur_normed", l, &s.q, n, qd);
-        }
-        if let Some(w) = &layer.k_norm {
-            pool.for_rows(
-                &mut s.k[..n * kd],
-                kd,
-                rows_per_task(pool, n),
-                &|rows, _| {
-                    rows.chunks_exact_mut(hd)
-                        .for_each(|h| rms_norm(h, w, c.rms_eps))
-                },
-            );
-            emit(tap, "Kcur_normed", l, &s.k, n, kd);
+        for (buf, norm, width, name) in [
+            (&mut s.q, &layer.q_norm, qd, "Qcur_normed"),
+            (&mut s.k, &layer.k_norm, kd, "Kcur_normed"),
+        ] {
+            if let Some(w) = norm {
+                pool.for_rows(
+                    &mut buf[..n * width],
+                    width,
+                    rows_per_task(pool, n),
+                    &|rows, _| {
+                        rows.chunks_exact_mut(hd)
+                            .for_each(|h| rms_norm(h, w, c.rms_eps))
+                    },
+                );
+                emit(tap, name, l, buf, n, width);
+            }
         }
         let half = c.rope.n_rot / 2;
         let (cos, sin) = (&s.cos, &s.sin);
@@ -637,10 +630,10 @@ fn emit(
     }
 }
 
-/// Whether an FFN's gate and up run as one pass with the SwiGLU ([`matmul_swiglu`]): same type
-/// and shape (llama-quantize gives them the same type in every mix it writes).
+/// Whether an FFN's gate and up run as one pass with the SwiGLU ([`matmul_swiglu`]): the same
+/// shape and one activation type for both (their weight types may differ, e.g. Q4_K and Q6_K).
 fn fusable(gate: &Weight, up: &Weight) -> bool {
-    gate.ty == up.ty && gate.rows == up.rows && gate.cols == up.cols
+    vec_dot_type(gate.ty) == vec_dot_type(up.ty) && gate.rows == up.rows && gate.cols == up.cols
 }
 
 /// Rows per task for a row-wise pass over `n` rows: about four tasks per thread (one task, run

@@ -321,8 +321,8 @@ pub fn matmul_swiglu(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    assert!(gate.rows == up.rows && gate.cols == up.cols && gate.ty == up.ty);
-    debug_assert_eq!(acts.ty, vec_dot_type(gate.ty));
+    assert!(gate.rows == up.rows && gate.cols == up.cols);
+    assert!(acts.ty == vec_dot_type(gate.ty) && acts.ty == vec_dot_type(up.ty));
     let tokens: usize = groups.iter().map(|g| g.n).sum();
     // A row of the pass reads a gate row and an up row.
     let task_rows = rows_per_task_of(
