@@ -550,6 +550,44 @@ mod tests {
     }
 
     #[test]
+    fn load_block_is_the_same_at_every_level() {
+        // f16 and f32 caches, a head dimension with a tail past 16, full and partial blocks.
+        let (hd, hdv, kvh, n_kv) = (72, 40, 1, 2);
+        let (kd, vd) = (n_kv * hd, n_kv * hdv);
+        let n = 100;
+        let kf: Vec<f32> = (0..n * kd).map(|i| ((i as f32) * 0.37).sin()).collect();
+        let vf: Vec<f32> = (0..n * vd).map(|i| ((i as f32) * 0.11).cos()).collect();
+        let kh: Vec<f16> = kf.iter().map(|&x| f16::from_f32(x)).collect();
+        let vh: Vec<f16> = vf.iter().map(|&x| f16::from_f32(x)).collect();
+        let caches = [
+            (Rows::F16(&kh), Rows::F16(&vh)),
+            (Rows::F32(&kf), Rows::F32(&vf)),
+        ];
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (keys, values) in &caches {
+            for (k0, kn) in [(0, KEYS), (64, 36), (3, 1)] {
+                let at = KvAt {
+                    k0,
+                    kn,
+                    kd,
+                    vd,
+                    kvh,
+                };
+                let run = |level| {
+                    let mut kt = vec![f32::NAN; hd * KEYS];
+                    let mut vals = vec![f32::NAN; kn * hdv];
+                    load_block(level, keys, values, &at, &mut kt, &mut vals, hd, hdv);
+                    (bits(&kt), bits(&vals))
+                };
+                let want = run(Level::Scalar);
+                for level in hearth_quant::simd::available_levels() {
+                    assert!(run(level) == want, "level {level}, block at {k0} of {kn}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn block_is_softmax_attention() {
         // Two blocks of one query against 70 keys equal a direct softmax-weighted sum (f64).
         let (hd, hdv, n) = (16, 8, 70);
