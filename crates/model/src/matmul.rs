@@ -196,7 +196,7 @@ fn rows_per_task_of(
 }
 
 /// Activation rows per matrix call in dense products.
-const TOKENS_PER_CALL: usize = 32;
+const TOKENS_PER_CALL: usize = 64;
 
 /// One product of a fused pass: a weight and where its outputs go (row stride `out_stride`).
 pub struct Product<'a> {

@@ -1,10 +1,10 @@
 //! Matrix products shaped as the model calls them, single-threaded, at the run-time kernel level.
 //!
 //! Every product is cut like `hearth-model`'s dense matmul: one `vec_dot_matrix` call per block of
-//! 16 weight rows and 32 tokens, written into a `[tokens, rows]` buffer.
+//! 16 weight rows and 64 tokens, written into a `[tokens, rows]` buffer.
 //!
 //! - `prefill/<TYPE>/<rows>x<cols>/t<tokens>`: throughput in multiply-adds (elements) per second;
-//! - `call/<TYPE>/16x<cols>/t32`: a single call, the unit of work of one model task;
+//! - `call/<TYPE>/16x<cols>/t64`: a single call, the unit of work of one model task;
 //! - `decode/<TYPE>/<rows>x<cols>`: one token, throughput in bytes of weights per second.
 //!
 //! `cargo bench -p hearth-quant --bench matrix -- Q4_1` filters by name.
@@ -18,7 +18,7 @@ mod common;
 use common::Rng;
 
 const ROWS_PER_CALL: usize = 16;
-const TOKENS_PER_CALL: usize = 32;
+const TOKENS_PER_CALL: usize = 64;
 
 /// Weights quantized from random normals (so scales and minimums are realistic).
 fn weights(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
@@ -39,7 +39,7 @@ fn acts(rng: &mut Rng, ty: GgmlType, tokens: usize, cols: usize) -> Vec<u8> {
     a
 }
 
-/// The model's dense product: calls of 16 rows x 32 tokens.
+/// The model's dense product: calls of 16 rows x 64 tokens.
 #[allow(clippy::too_many_arguments)]
 fn product(
     level: Level,
@@ -88,7 +88,7 @@ fn bench(c: &mut Criterion) {
         (Q5_K, kq, 2048),
     ];
     for &(ty, shapes, call_cols) in cases {
-        // One model task: 16 rows x 32 tokens.
+        // One model call: 16 rows x 64 tokens.
         {
             let (rows, tokens) = (ROWS_PER_CALL, TOKENS_PER_CALL);
             let w = weights(&mut rng, ty, rows, call_cols);
@@ -100,7 +100,7 @@ fn bench(c: &mut Criterion) {
             g.warm_up_time(Duration::from_millis(300));
             g.measurement_time(Duration::from_millis(1500));
             g.bench_function(
-                BenchmarkId::from_parameter(format!("16x{call_cols}/t32/{level}")),
+                BenchmarkId::from_parameter(format!("16x{call_cols}/t64/{level}")),
                 |b| {
                     b.iter(|| {
                         product(level, ty, call_cols, &w, rows, &a, tokens, &mut out);

@@ -214,7 +214,7 @@ fn matrix_is_bit_identical_to_single_dots() {
             let n = if ty.block_size() == 1 { 77 } else { 512 };
             let wrow = ty.row_bytes(n as u64).unwrap() as usize;
             let arow = aty.row_bytes(n as u64).unwrap() as usize;
-            // Ragged on both sides of the AVX-512 kernel's 16-row registers and 32-token passes.
+            // Ragged on both sides of the AVX-512 kernel's 16-row registers and 64-token passes.
             for (n_w, n_acts) in [
                 (1, 1),
                 (3, 1),
@@ -224,6 +224,8 @@ fn matrix_is_bit_identical_to_single_dots() {
                 (17, 3),
                 (16, 33),
                 (35, 2),
+                (3, 47),
+                (9, 65),
             ] {
                 // Weight rows padded by 3 bytes, activation rows packed.
                 let wstride = wrow + 3;

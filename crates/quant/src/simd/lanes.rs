@@ -41,7 +41,7 @@ use crate::GgmlType;
 pub(super) const LANES: usize = 16;
 
 /// Most activation rows (tokens) one call of [`matrix`] takes; callers pass longer lists in parts.
-pub(super) const PASS: usize = 32;
+pub(super) const PASS: usize = 64;
 
 /// Whether `ty` has a lanes kernel.
 pub(super) fn supports(ty: GgmlType) -> bool {
@@ -1070,11 +1070,11 @@ pub(super) unsafe fn matrix(
 /// Registers of scratch for the unpacked weights, the transposed chunk and the prepared tokens.
 const P_ZMM: usize = 96;
 const T_ZMM: usize = MAX_DW;
-const Q_ZMM: usize = 160;
+const Q_ZMM: usize = 5 * PASS;
 const SCRATCH_ZMM: usize = P_ZMM + T_ZMM + Q_ZMM + 2 * PASS;
 
 thread_local! {
-    /// Per-thread scratch (25 KB), allocated on a thread's first product and reused: zeroing it on
+    /// Per-thread scratch (~40 KB), allocated on a thread's first product and reused: zeroing it on
     /// the stack at every call cost more than a decode call's arithmetic.
     static SCRATCH: RefCell<Vec<__m512i>> = const { RefCell::new(Vec::new()) };
 }
