@@ -976,11 +976,21 @@ unsafe fn run<F: Fmt>(
             }
             c0 += cn;
         }
-        let mut v = [0f32; LANES];
-        for j in 0..nt {
-            _mm512_storeu_ps(v.as_mut_ptr(), F::finish(acc[j], accm[j]));
-            for (i, x) in v[..nr].iter().enumerate() {
-                out[j * tok_stride + (r0 + i) * row_stride] = *x;
+        if row_stride == 1 {
+            // A token's outputs for these rows are consecutive: one (masked) store each, not 16
+            // scalar stores (those were ~6% of a 32-token Q4_K call).
+            let mask = if nr == LANES { !0 } else { (1u16 << nr) - 1 };
+            for j in 0..nt {
+                let dst = &mut out[j * tok_stride + r0..j * tok_stride + r0 + nr];
+                _mm512_mask_storeu_ps(dst.as_mut_ptr(), mask, F::finish(acc[j], accm[j]));
+            }
+        } else {
+            let mut v = [0f32; LANES];
+            for j in 0..nt {
+                _mm512_storeu_ps(v.as_mut_ptr(), F::finish(acc[j], accm[j]));
+                for (i, x) in v[..nr].iter().enumerate() {
+                    out[j * tok_stride + (r0 + i) * row_stride] = *x;
+                }
             }
         }
         r0 += nr;
