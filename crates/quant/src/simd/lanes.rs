@@ -137,6 +137,39 @@ impl TChunk {
         let mut done = 0;
         while done < len {
             let left = len - done;
+            if left <= 16 {
+                // A short tail (Q4_K's last 16 bytes): 16-byte loads, four rows to a register, and a
+                // 4 x 4 transpose inside each 128-bit lane; a quarter of the shuffles and stores of
+                // a whole 16 x 16 transpose.
+                // z[i], 128-bit lane c: row i + 4c. (No closures: they would not inherit the
+                // target features, and every intrinsic in them would become a call.)
+                let mut part = [_mm_setzero_si128(); LANES];
+                for (l, v) in part.iter_mut().enumerate() {
+                    let p = rows[l].add(off + done);
+                    *v = if (end as usize).saturating_sub(p as usize) >= 16 {
+                        _mm_loadu_si128(p.cast())
+                    } else {
+                        _mm_maskz_loadu_epi8((1u16 << left) - 1, p.cast())
+                    };
+                }
+                let mut z = [_mm512_setzero_si512(); 4];
+                for (i, v) in z.iter_mut().enumerate() {
+                    let x = _mm512_castsi128_si512(part[i]);
+                    let x = _mm512_inserti32x4::<1>(x, part[i + 4]);
+                    let x = _mm512_inserti32x4::<2>(x, part[i + 8]);
+                    *v = _mm512_inserti32x4::<3>(x, part[i + 12]);
+                }
+                let t0 = _mm512_unpacklo_epi32(z[0], z[1]);
+                let t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+                let t2 = _mm512_unpacklo_epi32(z[2], z[3]);
+                let t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+                let i = done / 4;
+                self.d[i] = _mm512_unpacklo_epi64(t0, t2);
+                self.d[i + 1] = _mm512_unpackhi_epi64(t0, t2);
+                self.d[i + 2] = _mm512_unpacklo_epi64(t1, t3);
+                self.d[i + 3] = _mm512_unpackhi_epi64(t1, t3);
+                break;
+            }
             let mask: u64 = if left >= 64 { !0 } else { (1u64 << left) - 1 };
             let mut r = [_mm512_setzero_si512(); 16];
             for (l, v) in r.iter_mut().enumerate() {
