@@ -78,6 +78,17 @@ trait Fmt {
     );
     /// The output from the two chains.
     unsafe fn finish(acc: __m512, accm: __m512) -> __m512;
+    /// Whether [`Fmt::load_pack`] replaces `TChunk::load` then [`Fmt::pack`] (one-block chunks).
+    const FUSED: bool = false;
+    /// The block at byte `off` of the 16 `rows`, loaded, transposed and unpacked straight from
+    /// registers, with no store and reload of the transposed chunk.
+    unsafe fn load_pack(
+        _rows: &[*const u8; LANES],
+        _end: *const u8,
+        _off: usize,
+        _p: &mut Self::P,
+    ) {
+    }
     /// Whether the one-token path below exists: each block unpacked and used in registers, with
     /// no store of the unpacked chunk (decode reads every weight once, for one token).
     const ONE: bool = false;
@@ -128,63 +139,88 @@ impl TChunk {
         }
     }
 
-    /// Loads `len` bytes at `off` of each row `rows[l]` and transposes them. Whole 64-byte loads
-    /// where they stay below `end` (the end of the weight buffer; rows are usually back to back);
-    /// masked loads, several times slower on some CPUs, only at the very end.
+    /// Loads `len` bytes at `off` of each row `rows[l]` and transposes them.
     #[inline(always)]
     unsafe fn load(&mut self, rows: &[*const u8; LANES], end: *const u8, off: usize, len: usize) {
         debug_assert!(len <= 4 * MAX_DW);
         let mut done = 0;
         while done < len {
             let left = len - done;
+            let i = done / 4;
             if left <= 16 {
-                // A short tail (Q4_K's last 16 bytes): 16-byte loads, four rows to a register, and a
-                // 4 x 4 transpose inside each 128-bit lane; a quarter of the shuffles and stores of
-                // a whole 16 x 16 transpose.
-                // z[i], 128-bit lane c: row i + 4c. (No closures: they would not inherit the
-                // target features, and every intrinsic in them would become a call.)
-                let mut part = [_mm_setzero_si128(); LANES];
-                for (l, v) in part.iter_mut().enumerate() {
-                    let p = rows[l].add(off + done);
-                    *v = if (end as usize).saturating_sub(p as usize) >= 16 {
-                        _mm_loadu_si128(p.cast())
-                    } else {
-                        _mm_maskz_loadu_epi8((1u16 << left) - 1, p.cast())
-                    };
-                }
-                let mut z = [_mm512_setzero_si512(); 4];
-                for (i, v) in z.iter_mut().enumerate() {
-                    let x = _mm512_castsi128_si512(part[i]);
-                    let x = _mm512_inserti32x4::<1>(x, part[i + 4]);
-                    let x = _mm512_inserti32x4::<2>(x, part[i + 8]);
-                    *v = _mm512_inserti32x4::<3>(x, part[i + 12]);
-                }
-                let t0 = _mm512_unpacklo_epi32(z[0], z[1]);
-                let t1 = _mm512_unpackhi_epi32(z[0], z[1]);
-                let t2 = _mm512_unpacklo_epi32(z[2], z[3]);
-                let t3 = _mm512_unpackhi_epi32(z[2], z[3]);
-                let i = done / 4;
-                self.d[i] = _mm512_unpacklo_epi64(t0, t2);
-                self.d[i + 1] = _mm512_unpackhi_epi64(t0, t2);
-                self.d[i + 2] = _mm512_unpacklo_epi64(t1, t3);
-                self.d[i + 3] = _mm512_unpackhi_epi64(t1, t3);
+                self.d[i..i + 4].copy_from_slice(&load_t4(rows, end, off + done, left));
                 break;
             }
-            let mask: u64 = if left >= 64 { !0 } else { (1u64 << left) - 1 };
-            let mut r = [_mm512_setzero_si512(); 16];
-            for (l, v) in r.iter_mut().enumerate() {
-                let p = rows[l].add(off + done);
-                *v = if left >= 64 || (end as usize).saturating_sub(p as usize) >= 64 {
-                    _mm512_loadu_si512(p.cast())
-                } else {
-                    _mm512_maskz_loadu_epi8(mask, p.cast())
-                };
-            }
-            transpose16(&mut r);
-            self.d[done / 4..done / 4 + 16].copy_from_slice(&r);
+            self.d[i..i + 16].copy_from_slice(&load_t16(rows, end, off + done, left));
             done += 64;
         }
     }
+}
+
+/// Dwords `0..16` of the 64 bytes at `at` of each row, transposed (`r[k]` lane `l` is dword `k` of
+/// row `l`). Whole 64-byte loads where they stay below `end` (the end of the weight buffer; rows
+/// are usually back to back); masked loads, several times slower on some CPUs, only at the very
+/// end, where just `left` bytes are read.
+#[inline(always)]
+unsafe fn load_t16(
+    rows: &[*const u8; LANES],
+    end: *const u8,
+    at: usize,
+    left: usize,
+) -> [__m512i; 16] {
+    let mask: u64 = if left >= 64 { !0 } else { (1u64 << left) - 1 };
+    let mut r = [_mm512_setzero_si512(); 16];
+    for (l, v) in r.iter_mut().enumerate() {
+        let p = rows[l].add(at);
+        *v = if left >= 64 || (end as usize).saturating_sub(p as usize) >= 64 {
+            _mm512_loadu_si512(p.cast())
+        } else {
+            _mm512_maskz_loadu_epi8(mask, p.cast())
+        };
+    }
+    transpose16(&mut r);
+    r
+}
+
+/// Dwords `0..4` of the `left <= 16` bytes at `at` of each row, transposed: 16-byte loads, four
+/// rows to a register, and a 4 x 4 transpose inside each 128-bit lane, a quarter of the shuffles
+/// of [`load_t16`] (Q4_K's last 16 bytes). No closures here: they would not inherit the target
+/// features, and every intrinsic in them would become a call.
+#[inline(always)]
+unsafe fn load_t4(
+    rows: &[*const u8; LANES],
+    end: *const u8,
+    at: usize,
+    left: usize,
+) -> [__m512i; 4] {
+    debug_assert!(left <= 16);
+    let mut part = [_mm_setzero_si128(); LANES];
+    for (l, v) in part.iter_mut().enumerate() {
+        let p = rows[l].add(at);
+        *v = if (end as usize).saturating_sub(p as usize) >= 16 {
+            _mm_loadu_si128(p.cast())
+        } else {
+            _mm_maskz_loadu_epi8((1u16 << left) - 1, p.cast())
+        };
+    }
+    // z[i], 128-bit lane c: row i + 4c.
+    let mut z = [_mm512_setzero_si512(); 4];
+    for (i, v) in z.iter_mut().enumerate() {
+        let x = _mm512_castsi128_si512(part[i]);
+        let x = _mm512_inserti32x4::<1>(x, part[i + 4]);
+        let x = _mm512_inserti32x4::<2>(x, part[i + 8]);
+        *v = _mm512_inserti32x4::<3>(x, part[i + 12]);
+    }
+    let t0 = _mm512_unpacklo_epi32(z[0], z[1]);
+    let t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    let t2 = _mm512_unpacklo_epi32(z[2], z[3]);
+    let t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    [
+        _mm512_unpacklo_epi64(t0, t2),
+        _mm512_unpackhi_epi64(t0, t2),
+        _mm512_unpacklo_epi64(t1, t3),
+        _mm512_unpackhi_epi64(t1, t3),
+    ]
 }
 
 /// In-register transpose of 16 × 16 dwords: afterwards `r[k]` lane `l` is dword `k` of input `l`.
@@ -637,6 +673,55 @@ struct K45P {
     dmin: __m512,
 }
 
+/// The block scale, minimum scale, 6-bit scales and minimums of a Q4_K / Q5_K block into `p`, from
+/// its first four dwords (`dd`: `d` and `dmin`; `u0..u2`: the packed scales), as
+/// `avx2::k4_scales_mins` in every lane.
+#[inline(always)]
+unsafe fn k45_scales(p: &mut K45P, dd: __m512i, u0: __m512i, u1: __m512i, u2: __m512i) {
+    p.d = half_f32::<false>(dd);
+    p.dmin = half_f32::<true>(dd);
+    let m6 = _mm512_set1_epi32(0x3f3f_3f3f);
+    let m4 = _mm512_set1_epi32(0x0f0f_0f0f);
+    let m2 = _mm512_set1_epi32(0x0303_0303);
+    let sc_lo = _mm512_and_si512(u0, m6);
+    let sc_hi = _mm512_or_si512(
+        _mm512_and_si512(u2, m4),
+        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), m2), 4),
+    );
+    let mn_lo = _mm512_and_si512(u1, m6);
+    let mn_hi = _mm512_or_si512(
+        _mm512_and_si512(_mm512_srli_epi32(u2, 4), m4),
+        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), m2), 4),
+    );
+    let byte = _mm512_set1_epi32(0xff);
+    for s in 0..4 {
+        let sh = _mm_cvtsi32_si128(8 * s as i32);
+        p.sc[s] = _mm512_and_si512(_mm512_srl_epi32(sc_lo, sh), byte);
+        p.sc[s + 4] = _mm512_and_si512(_mm512_srl_epi32(sc_hi, sh), byte);
+        for i in [s, s + 4] {
+            p.sc2[i] = _mm512_or_si512(p.sc[i], _mm512_slli_epi32(p.sc[i], 16));
+        }
+    }
+    // i16 pairs of consecutive minimums: bytes [m0, m1, m2, m3] give [m0, m1] and [m2, m3].
+    let even = _mm512_set1_epi32(0x00ff_00ff);
+    let low = _mm512_set1_epi32(0xffff);
+    for (h, v) in [mn_lo, mn_hi].into_iter().enumerate() {
+        let e = _mm512_and_si512(v, even); // (m0, m2)
+        let o = _mm512_and_si512(_mm512_srli_epi32(v, 8), even); // (m1, m3)
+        p.mn[2 * h] = _mm512_or_si512(_mm512_and_si512(e, low), _mm512_slli_epi32(o, 16));
+        p.mn[2 * h + 1] = _mm512_or_si512(_mm512_srli_epi32(e, 16), _mm512_andnot_si512(low, o));
+    }
+}
+
+/// Quant dword `i` (0..32) of a Q4_K block: its low nibbles are elements of sub-block `2(i / 8)`,
+/// its high nibbles of the next.
+#[inline(always)]
+unsafe fn q4k_quants(p: &mut K45P, i: usize, g: __m512i) {
+    let (c, t) = (i / 8, i % 8);
+    p.q[16 * c + t] = nib_lo(g);
+    p.q[16 * c + 8 + t] = nib_hi(g);
+}
+
 struct K45<const Q5: bool>;
 
 impl<const Q5: bool> Fmt for K45<Q5> {
@@ -645,49 +730,32 @@ impl<const Q5: bool> Fmt for K45<Q5> {
     const CHUNK: usize = 1;
     type P = K45P;
     type Q = __m128i;
+    const FUSED: bool = !Q5;
+
+    /// Q4_K: bytes 0..64 hold `d`, `dmin`, the scales and quant dwords 0..12, bytes 64..128 quant
+    /// dwords 12..28 and bytes 128..144 the last four; each goes to `p` as it is transposed.
+    #[inline(always)]
+    unsafe fn load_pack(rows: &[*const u8; LANES], end: *const u8, off: usize, p: &mut K45P) {
+        debug_assert!(!Q5);
+        let r = load_t16(rows, end, off, 144);
+        k45_scales(p, r[0], r[1], r[2], r[3]);
+        for i in 0..12 {
+            q4k_quants(p, i, r[4 + i]);
+        }
+        let r = load_t16(rows, end, off + 64, 80);
+        for i in 0..16 {
+            q4k_quants(p, 12 + i, r[i]);
+        }
+        let r = load_t4(rows, end, off + 128, 16);
+        for i in 0..4 {
+            q4k_quants(p, 28 + i, r[i]);
+        }
+    }
 
     #[inline(always)]
     unsafe fn pack(src: &TChunk, _cn: usize, p: &mut K45P) {
         let o = 0;
-        let dd = src.dw(o);
-        p.d = half_f32::<false>(dd);
-        p.dmin = half_f32::<true>(dd);
-        // The 6-bit scales and minimums, as `avx2::k4_scales_mins` in every lane.
-        let u0 = src.dw(o + 4);
-        let u1 = src.dw(o + 8);
-        let u2 = src.dw(o + 12);
-        let m6 = _mm512_set1_epi32(0x3f3f_3f3f);
-        let m4 = _mm512_set1_epi32(0x0f0f_0f0f);
-        let m2 = _mm512_set1_epi32(0x0303_0303);
-        let sc_lo = _mm512_and_si512(u0, m6);
-        let sc_hi = _mm512_or_si512(
-            _mm512_and_si512(u2, m4),
-            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), m2), 4),
-        );
-        let mn_lo = _mm512_and_si512(u1, m6);
-        let mn_hi = _mm512_or_si512(
-            _mm512_and_si512(_mm512_srli_epi32(u2, 4), m4),
-            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), m2), 4),
-        );
-        let byte = _mm512_set1_epi32(0xff);
-        for s in 0..4 {
-            let sh = _mm_cvtsi32_si128(8 * s as i32);
-            p.sc[s] = _mm512_and_si512(_mm512_srl_epi32(sc_lo, sh), byte);
-            p.sc[s + 4] = _mm512_and_si512(_mm512_srl_epi32(sc_hi, sh), byte);
-            for i in [s, s + 4] {
-                p.sc2[i] = _mm512_or_si512(p.sc[i], _mm512_slli_epi32(p.sc[i], 16));
-            }
-        }
-        // i16 pairs of consecutive minimums: bytes [m0, m1, m2, m3] give [m0, m1] and [m2, m3].
-        let even = _mm512_set1_epi32(0x00ff_00ff);
-        let low = _mm512_set1_epi32(0xffff);
-        for (h, v) in [mn_lo, mn_hi].into_iter().enumerate() {
-            let e = _mm512_and_si512(v, even); // (m0, m2)
-            let o = _mm512_and_si512(_mm512_srli_epi32(v, 8), even); // (m1, m3)
-            p.mn[2 * h] = _mm512_or_si512(_mm512_and_si512(e, low), _mm512_slli_epi32(o, 16));
-            p.mn[2 * h + 1] =
-                _mm512_or_si512(_mm512_srli_epi32(e, 16), _mm512_andnot_si512(low, o));
-        }
+        k45_scales(p, src.dw(o), src.dw(o + 4), src.dw(o + 8), src.dw(o + 12));
         let qs = if Q5 { 48 } else { 16 };
         let one = _mm512_set1_epi8(1);
         for c in 0..4 {
@@ -987,13 +1055,19 @@ unsafe fn run<F: Fmt>(
                     o += 64;
                 }
             }
-            tc.load(&rows, end, c0 * F::WB, cn * F::WB);
+            if F::FUSED {
+                F::load_pack(&rows, end, c0 * F::WB, p);
+            } else {
+                tc.load(&rows, end, c0 * F::WB, cn * F::WB);
+            }
             if one {
                 F::one_token(tc, cn, c0, a[0], q1, &mut acc[0], &mut accm[0]);
                 c0 += cn;
                 continue;
             }
-            F::pack(tc, cn, p);
+            if !F::FUSED {
+                F::pack(tc, cn, p);
+            }
             for j in 0..nt {
                 F::prep(a[j].add(c0 * F::AB), cn, &mut q[j]);
             }
