@@ -11,6 +11,44 @@ use crate::ops::swiglu;
 use crate::threads::{SharedMut, ThreadPool};
 use crate::weights::Weight;
 
+use std::cell::RefCell;
+
+thread_local! {
+    /// Per-thread output blocks of prefill calls (`[tokens][rows]`, two for gate and up), grown
+    /// once: as stack arrays they were zeroed at every task, 16 KB each.
+    static CALL_OUT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `dst.copy_from_slice(src)`, as one fixed-size copy (inlined vector moves, not a memcpy call)
+/// for the usual block widths.
+#[inline]
+fn copy_block(dst: &mut [f32], src: &[f32]) {
+    if let (Ok(d), Ok(s)) = (
+        <&mut [f32; 64]>::try_from(&mut *dst),
+        <&[f32; 64]>::try_from(src),
+    ) {
+        *d = *s;
+    } else if let (Ok(d), Ok(s)) = (
+        <&mut [f32; 16]>::try_from(&mut *dst),
+        <&[f32; 16]>::try_from(src),
+    ) {
+        *d = *s;
+    } else {
+        dst.copy_from_slice(src);
+    }
+}
+
+/// Runs `f` on a per-thread buffer of at least `n` floats (contents unspecified).
+fn with_call_out<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    CALL_OUT.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < n {
+            b.resize(n, 0.0);
+        }
+        f(&mut b[..n])
+    })
+}
+
 /// Activations quantized to one type: `n_rows` rows of `row_bytes` bytes.
 pub struct QuantActs {
     ty: GgmlType,
@@ -163,8 +201,13 @@ impl Group {
 /// Activation rows quantized per task.
 const QUANTIZE_ROWS_PER_TASK: usize = 8;
 
-/// Output rows per matrix-kernel call.
+/// Output rows per matrix-kernel call, and the granularity of tasks.
 const ROWS_PER_CALL: usize = 16;
+
+/// Output rows per matrix-kernel call when several tokens share each weight row (prefill): the
+/// kernel prepares the tokens' activation blocks once per call, so calls of more rows prepare
+/// them less often. Tasks are then this many rows when the pass keeps at least 16 per thread.
+const PREFILL_ROWS_PER_CALL: usize = 64;
 
 /// Weight bytes per task when few tokens share each weight row (decode): each thread then streams
 /// long runs of consecutive rows, which the hardware prefetchers follow (12-layer MoE tg128: 64 KB
@@ -189,6 +232,11 @@ fn rows_per_task_of(
 ) -> usize {
     let per_group = tokens.div_ceil(n_groups.max(1)).max(1);
     let mut calls = (TASK_BYTES / (ROWS_PER_CALL * row_bytes * per_group)).clamp(1, 64);
+    // Prefill: tasks of a whole prefill call where there are enough of them that the threads
+    // still finish together (SmolLM2's 576-row products in 9 tasks left a thread idle).
+    if per_group > 1 && n_groups * rows.div_ceil(PREFILL_ROWS_PER_CALL) >= 16 * threads {
+        calls = calls.max(PREFILL_ROWS_PER_CALL / ROWS_PER_CALL);
+    }
     while calls > 1 && n_groups * rows.div_ceil(calls * ROWS_PER_CALL) < 4 * threads {
         calls /= 2;
     }
@@ -265,44 +313,31 @@ pub fn matmul_fused(
             vec_dot_matrix(w.ty, w.cols, w_rows, a, dst, 1);
             return;
         }
-        let mut buf = [0f32; ROWS_PER_CALL * TOKENS_PER_CALL];
-        for r0 in (t0..t1).step_by(ROWS_PER_CALL) {
-            let r1 = (r0 + ROWS_PER_CALL).min(t1);
-            // One matrix call per block of tokens, so the per-call checks and dispatch are paid
-            // once per block rather than once per weight row.
-            let w_rows = Rows::packed(&w.bytes()[(base + r0) * rb..(base + r1) * rb], rb);
-            let nr = r1 - r0;
-            for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
-                let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
-                let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
-                vec_dot_matrix(
-                    w.ty,
-                    w.cols,
-                    w_rows,
-                    a,
-                    &mut buf[..(k - 1) * ROWS_PER_CALL + nr],
-                    ROWS_PER_CALL,
-                );
-                for j in 0..k {
-                    let row = out_rows.map_or(j0 + j, |rows| rows[j0 + j] as usize);
-                    let at = row * out_stride + r0;
-                    assert!(at + nr <= out_len);
-                    // SAFETY: in bounds (asserted); each (product, output row, weight row) is
-                    // written by exactly one task.
-                    let dst = unsafe { out_ptr.slice(at, nr) };
-                    let src = &buf[j * ROWS_PER_CALL..j * ROWS_PER_CALL + nr];
-                    // A whole block as one fixed-size copy (inlined vector moves, not a memcpy
-                    // call per 64 bytes).
-                    match (
-                        <&mut [f32; ROWS_PER_CALL]>::try_from(&mut *dst),
-                        <&[f32; ROWS_PER_CALL]>::try_from(src),
-                    ) {
-                        (Ok(d), Ok(s)) => *d = *s,
-                        _ => dst.copy_from_slice(src),
+        // Rows per call, and the stride of the call's output block.
+        let rpc = (t1 - t0).min(PREFILL_ROWS_PER_CALL);
+        with_call_out(rpc * TOKENS_PER_CALL, |buf| {
+            for r0 in (t0..t1).step_by(rpc) {
+                let r1 = (r0 + rpc).min(t1);
+                // One matrix call per block of tokens, so the per-call checks and dispatch are paid
+                // once per block rather than once per weight row.
+                let w_rows = Rows::packed(&w.bytes()[(base + r0) * rb..(base + r1) * rb], rb);
+                let nr = r1 - r0;
+                for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
+                    let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
+                    let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
+                    vec_dot_matrix(w.ty, w.cols, w_rows, a, &mut buf[..(k - 1) * rpc + nr], rpc);
+                    for j in 0..k {
+                        let row = out_rows.map_or(j0 + j, |rows| rows[j0 + j] as usize);
+                        let at = row * out_stride + r0;
+                        assert!(at + nr <= out_len);
+                        // SAFETY: in bounds (asserted); each (product, output row, weight row) is
+                        // written by exactly one task.
+                        let dst = unsafe { out_ptr.slice(at, nr) };
+                        copy_block(dst, &buf[j * rpc..j * rpc + nr]);
                     }
                 }
             }
-        }
+        });
     });
 }
 
@@ -367,44 +402,46 @@ pub fn matmul_swiglu(
             }
             return;
         }
-        let mut bg = [0f32; ROWS_PER_CALL * TOKENS_PER_CALL];
-        let mut bu = [0f32; ROWS_PER_CALL * TOKENS_PER_CALL];
-        for r0 in (t0..t1).step_by(ROWS_PER_CALL) {
-            let r1 = (r0 + ROWS_PER_CALL).min(t1);
-            let nr = r1 - r0;
-            for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
-                let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
-                let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
-                let len = (k - 1) * ROWS_PER_CALL + nr;
-                vec_dot_matrix(
-                    gate.ty,
-                    gate.cols,
-                    rows(gate, base, r0, r1),
-                    a,
-                    &mut bg[..len],
-                    ROWS_PER_CALL,
-                );
-                vec_dot_matrix(
-                    up.ty,
-                    up.cols,
-                    rows(up, base, r0, r1),
-                    a,
-                    &mut bu[..len],
-                    ROWS_PER_CALL,
-                );
-                // Element-wise, so the columns past `nr` (not stored) do not matter.
-                swiglu(&mut bg[..len], &bu[..len]);
-                for j in 0..k {
-                    let b = j * ROWS_PER_CALL;
-                    let at = (j0 + j) * out_stride + r0;
-                    assert!(at + nr <= out_len);
-                    // SAFETY: in bounds (asserted); each (output row, weight row) is written by
-                    // exactly one task.
-                    let dst = unsafe { out_ptr.slice(at, nr) };
-                    dst.copy_from_slice(&bg[b..b + nr]);
+        let rpc = (t1 - t0).min(PREFILL_ROWS_PER_CALL);
+        with_call_out(2 * rpc * TOKENS_PER_CALL, |b| {
+            let (bg, bu) = b.split_at_mut(rpc * TOKENS_PER_CALL);
+            for r0 in (t0..t1).step_by(rpc) {
+                let r1 = (r0 + rpc).min(t1);
+                let nr = r1 - r0;
+                for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
+                    let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
+                    let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
+                    let len = (k - 1) * rpc + nr;
+                    vec_dot_matrix(
+                        gate.ty,
+                        gate.cols,
+                        rows(gate, base, r0, r1),
+                        a,
+                        &mut bg[..len],
+                        rpc,
+                    );
+                    vec_dot_matrix(
+                        up.ty,
+                        up.cols,
+                        rows(up, base, r0, r1),
+                        a,
+                        &mut bu[..len],
+                        rpc,
+                    );
+                    // Element-wise, so the columns past `nr` (not stored) do not matter.
+                    swiglu(&mut bg[..len], &bu[..len]);
+                    for j in 0..k {
+                        let b = j * rpc;
+                        let at = (j0 + j) * out_stride + r0;
+                        assert!(at + nr <= out_len);
+                        // SAFETY: in bounds (asserted); each (output row, weight row) is written by
+                        // exactly one task.
+                        let dst = unsafe { out_ptr.slice(at, nr) };
+                        copy_block(dst, &bg[b..b + nr]);
+                    }
                 }
             }
-        }
+        });
     });
 }
 

@@ -958,7 +958,7 @@ unsafe fn group<F: Fmt, const T: usize>(
     cn: usize,
     c0: usize,
     a: &[*const u8; PASS],
-    q: &[F::Q; PASS],
+    q: &[F::Q],
     j: usize,
     acc: &mut [__m512; PASS],
     accm: &mut [__m512; PASS],
@@ -1005,21 +1005,46 @@ unsafe fn run<F: Fmt>(
     const {
         assert!(size_of::<F::P>() <= P_ZMM * 64);
         assert!(size_of::<[F::Q; PASS]>() <= Q_ZMM * 64);
+        assert!(!(F::FUSED && F::ONE));
     }
     // SAFETY: the scratch is initialised memory of SCRATCH_ZMM registers, 64-byte aligned, and the
     // three regions do not overlap; every type placed there (registers, f32, u8 arrays) is valid for
     // any bit pattern.
     let p = &mut *scratch.cast::<F::P>();
     let tc = &mut *scratch.add(P_ZMM).cast::<TChunk>();
-    let q = &mut *scratch.add(P_ZMM + T_ZMM).cast::<[F::Q; PASS]>();
+    let one = F::ONE && nt == 1 && nb <= ONE_MAX_BLOCKS;
+    // The tokens' prepared blocks: for every chunk at once when they fit (prepared once per
+    // call, not once per 16 rows), else one chunk's at a time.
+    let n_chunks = nb.div_ceil(F::CHUNK);
+    let q_cap = (Q_ZMM * 64)
+        .checked_div(size_of::<F::Q>())
+        .unwrap_or(usize::MAX);
+    let hoist = F::CHUNK == 1 && n_chunks * nt <= q_cap;
+    let q = std::slice::from_raw_parts_mut(
+        scratch.add(P_ZMM + T_ZMM).cast::<F::Q>(),
+        if one {
+            0
+        } else if hoist {
+            n_chunks * nt
+        } else {
+            nt
+        },
+    );
     let acc = &mut *scratch.add(P_ZMM + T_ZMM + Q_ZMM).cast::<[__m512; PASS]>();
     let accm = &mut *scratch
         .add(P_ZMM + T_ZMM + Q_ZMM + PASS)
         .cast::<[__m512; PASS]>();
-    let one = F::ONE && nt == 1 && nb <= ONE_MAX_BLOCKS;
     let q1 = scratch.add(P_ZMM + T_ZMM).cast::<u8>();
     if one {
         F::prep_one(a[0], nb, q1);
+    }
+    if hoist && !one {
+        for c in 0..n_chunks {
+            let (c0, cn) = (c * F::CHUNK, (nb - c * F::CHUNK).min(F::CHUNK));
+            for j in 0..nt {
+                F::prep(a[j].add(c0 * F::AB), cn, &mut q[c * nt + j]);
+            }
+        }
     }
     let mut r0 = 0;
     while r0 < w.count {
@@ -1068,16 +1093,21 @@ unsafe fn run<F: Fmt>(
             if !F::FUSED {
                 F::pack(tc, cn, p);
             }
-            for j in 0..nt {
-                F::prep(a[j].add(c0 * F::AB), cn, &mut q[j]);
-            }
+            let qc = if hoist {
+                &q[c0 / F::CHUNK * nt..][..nt]
+            } else {
+                for j in 0..nt {
+                    F::prep(a[j].add(c0 * F::AB), cn, &mut q[j]);
+                }
+                &q[..nt]
+            };
             let mut j = 0;
             while j < nt {
                 match nt - j {
-                    1 => group::<F, 1>(p, cn, c0, &a, q, j, acc, accm),
-                    2 => group::<F, 2>(p, cn, c0, &a, q, j, acc, accm),
-                    3 => group::<F, 3>(p, cn, c0, &a, q, j, acc, accm),
-                    _ => group::<F, 4>(p, cn, c0, &a, q, j, acc, accm),
+                    1 => group::<F, 1>(p, cn, c0, &a, qc, j, acc, accm),
+                    2 => group::<F, 2>(p, cn, c0, &a, qc, j, acc, accm),
+                    3 => group::<F, 3>(p, cn, c0, &a, qc, j, acc, accm),
+                    _ => group::<F, 4>(p, cn, c0, &a, qc, j, acc, accm),
                 }
                 j += 4;
             }
