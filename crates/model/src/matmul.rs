@@ -19,23 +19,19 @@ thread_local! {
     static CALL_OUT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `dst.copy_from_slice(src)`, as one fixed-size copy (inlined vector moves, not a memcpy call)
-/// for the usual block widths.
+/// `dst.copy_from_slice(src)`, 16 floats at a time as fixed-size copies (inlined vector moves;
+/// `copy_from_slice`, or a fixed-size copy of 64, is a `memcpy` call).
 #[inline]
 fn copy_block(dst: &mut [f32], src: &[f32]) {
-    if let (Ok(d), Ok(s)) = (
-        <&mut [f32; 64]>::try_from(&mut *dst),
-        <&[f32; 64]>::try_from(src),
-    ) {
-        *d = *s;
-    } else if let (Ok(d), Ok(s)) = (
-        <&mut [f32; 16]>::try_from(&mut *dst),
-        <&[f32; 16]>::try_from(src),
-    ) {
-        *d = *s;
-    } else {
-        dst.copy_from_slice(src);
+    assert_eq!(dst.len(), src.len());
+    let mut d = dst.chunks_exact_mut(16);
+    let mut s = src.chunks_exact(16);
+    for (d, s) in (&mut d).zip(&mut s) {
+        if let (Ok(d), Ok(s)) = (<&mut [f32; 16]>::try_from(d), <&[f32; 16]>::try_from(s)) {
+            *d = *s;
+        }
     }
+    d.into_remainder().copy_from_slice(s.remainder());
 }
 
 /// Runs `f` on a per-thread buffer of at least `n` floats (contents unspecified).
