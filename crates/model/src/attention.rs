@@ -371,7 +371,7 @@ fn block_n<const N: usize>(
         }
     }
     let _ = level;
-    block_body::<N>(kt, vals, kc, q, scale, state)
+    block_body::<N, ScalarSoft>(kt, vals, kc, q, scale, state)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -384,7 +384,7 @@ unsafe fn block_avx512<const N: usize>(
     scale: f32,
     state: [&mut [f32]; N],
 ) {
-    block_body::<N>(kt, vals, kc, q, scale, state)
+    block_body::<N, Avx512Soft>(kt, vals, kc, q, scale, state)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -397,14 +397,135 @@ unsafe fn block_avx2<const N: usize>(
     scale: f32,
     state: [&mut [f32]; N],
 ) {
-    block_body::<N>(kt, vals, kc, q, scale, state)
+    block_body::<N, ScalarSoft>(kt, vals, kc, q, scale, state)
+}
+
+/// A block's softmax steps, per kernel level; every level gives the same bits (the scalar code's
+/// operations lane by lane; a maximum does not depend on the order it is taken in).
+trait Soft {
+    /// Scales the first `kc` scores by `scale` and returns their maximum (`-inf` if none).
+    ///
+    /// # Safety
+    /// The CPU must have the level's features.
+    unsafe fn scale_max(s: &mut [f32; KEYS], kc: usize, scale: f32) -> f32;
+    /// `p[k] = exp(s[k] - m)` for every key lane.
+    ///
+    /// # Safety
+    /// As [`Soft::scale_max`].
+    unsafe fn exp_shifted(s: &[f32; KEYS], m: f32, p: &mut [f32; KEYS]);
+}
+
+/// The plain code (auto-vectorised as far as the compiler manages).
+struct ScalarSoft;
+
+impl Soft for ScalarSoft {
+    #[inline(always)]
+    unsafe fn scale_max(s: &mut [f32; KEYS], kc: usize, scale: f32) -> f32 {
+        let mut bmax = f32::NEG_INFINITY;
+        for x in &mut s[..kc] {
+            *x *= scale;
+            bmax = bmax.max(*x);
+        }
+        bmax
+    }
+
+    #[inline(always)]
+    unsafe fn exp_shifted(s: &[f32; KEYS], m: f32, p: &mut [f32; KEYS]) {
+        for k in 0..KEYS {
+            p[k] = exp(s[k] - m);
+        }
+    }
+}
+
+/// AVX-512: 16 keys per register ([`exp`]'s operations in every lane); was scalar code, a
+/// serial maximum and 64 scalar `exp`s per query and block.
+#[cfg(target_arch = "x86_64")]
+struct Avx512Soft;
+
+#[cfg(target_arch = "x86_64")]
+impl Soft for Avx512Soft {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+    unsafe fn scale_max(s: &mut [f32; KEYS], kc: usize, scale: f32) -> f32 {
+        use std::arch::x86_64::*;
+        let sc = _mm512_set1_ps(scale);
+        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
+        for c in 0..KEYS / 16 {
+            let live = kc.saturating_sub(16 * c).min(16);
+            if live == 0 {
+                break;
+            }
+            let mask: __mmask16 = if live == 16 { !0 } else { (1 << live) - 1 };
+            let ptr = s.as_mut_ptr().add(16 * c);
+            let v = _mm512_mul_ps(_mm512_loadu_ps(ptr), sc);
+            _mm512_mask_storeu_ps(ptr, mask, v);
+            mx = _mm512_mask_max_ps(mx, mask, mx, v);
+        }
+        _mm512_reduce_max_ps(mx)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+    unsafe fn exp_shifted(s: &[f32; KEYS], m: f32, p: &mut [f32; KEYS]) {
+        use std::arch::x86_64::*;
+        let mv = _mm512_set1_ps(m);
+        for c in 0..KEYS / 16 {
+            let x = _mm512_sub_ps(_mm512_loadu_ps(s.as_ptr().add(16 * c)), mv);
+            _mm512_storeu_ps(p.as_mut_ptr().add(16 * c), exp16(x));
+        }
+    }
+}
+
+/// [`exp`] in each lane, the same operations in the same order (so the same bits, NaN included:
+/// `vmaxps` / `vminps` return their second operand when either is NaN, as `clamp` returns NaN).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const MAGIC: f32 = 12_582_912.0;
+    let lo = _mm512_set1_ps(-87.3);
+    let xc = _mm512_min_ps(_mm512_set1_ps(88.0), _mm512_max_ps(lo, x));
+    let magic = _mm512_set1_ps(MAGIC);
+    let shifted = _mm512_fmadd_ps(xc, _mm512_set1_ps(LOG2E), magic);
+    let n = _mm512_sub_ps(shifted, magic);
+    let ni = _mm512_sub_epi32(
+        _mm512_castps_si512(shifted),
+        _mm512_set1_epi32(MAGIC.to_bits() as i32),
+    );
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), xc);
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+    let mut y = _mm512_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ] {
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+    }
+    y = _mm512_fmadd_ps(
+        y,
+        _mm512_mul_ps(r, r),
+        _mm512_add_ps(r, _mm512_set1_ps(1.0)),
+    );
+    let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_add_epi32(ni, _mm512_set1_epi32(127)),
+        23,
+    ));
+    let under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    _mm512_maskz_mov_ps(!under, _mm512_mul_ps(y, pow2))
 }
 
 /// Output elements accumulated in registers at a time.
 const OUT_CHUNK: usize = 64;
 
 #[inline(always)]
-fn block_body<const N: usize>(
+fn block_body<const N: usize, S: Soft>(
     kt: &[f32],
     vals: &[f32],
     kc: usize,
@@ -432,18 +553,14 @@ fn block_body<const N: usize>(
     let mut p = [[0f32; KEYS]; N];
     let mut alpha = [0f32; N];
     for n in 0..N {
-        let mut bmax = f32::NEG_INFINITY;
-        for x in &mut s[n][..kc] {
-            *x *= scale;
-            bmax = bmax.max(*x);
-        }
+        // SAFETY: `S` is the caller's kernel level, which the CPU has.
+        let bmax = unsafe { S::scale_max(&mut s[n], kc, scale) };
         let st = &state[n];
         let (m, sum) = (st[hdv], st[hdv + 1]);
         let m_new = m.max(bmax);
         alpha[n] = exp(m - m_new);
-        for k in 0..KEYS {
-            p[n][k] = exp(s[n][k] - m_new);
-        }
+        // SAFETY: as above.
+        unsafe { S::exp_shifted(&s[n], m_new, &mut p[n]) };
         let mut sum = sum * alpha[n];
         for &x in &p[n][..kc] {
             sum += x;
@@ -519,8 +636,8 @@ mod tests {
                     .iter()
                     .map(|q| {
                         let mut st = fresh();
-                        block_body::<1>(&kt, vals, kc, [q], 0.125, [&mut st]);
-                        block_body::<1>(&kt, vals, kc, [q], 0.125, [&mut st]);
+                        block_body::<1, ScalarSoft>(&kt, vals, kc, [q], 0.125, [&mut st]);
+                        block_body::<1, ScalarSoft>(&kt, vals, kc, [q], 0.125, [&mut st]);
                         st
                     })
                     .collect();
