@@ -27,9 +27,8 @@ fn copy_block(dst: &mut [f32], src: &[f32]) {
     let mut d = dst.chunks_exact_mut(16);
     let mut s = src.chunks_exact(16);
     for (d, s) in (&mut d).zip(&mut s) {
-        if let (Ok(d), Ok(s)) = (<&mut [f32; 16]>::try_from(d), <&[f32; 16]>::try_from(s)) {
-            *d = *s;
-        }
+        let d: &mut [f32; 16] = d.try_into().expect("chunks of 16");
+        *d = s.try_into().expect("chunks of 16");
     }
     d.into_remainder().copy_from_slice(s.remainder());
 }
@@ -197,7 +196,8 @@ impl Group {
 /// Activation rows quantized per task.
 const QUANTIZE_ROWS_PER_TASK: usize = 8;
 
-/// Output rows per matrix-kernel call, and the granularity of tasks.
+/// The granularity of a task's rows (one register block of the lanes kernels); decode tasks make
+/// one kernel call for all their rows, prefill tasks one per [`PREFILL_ROWS_PER_CALL`].
 const ROWS_PER_CALL: usize = 16;
 
 /// Output rows per matrix-kernel call when several tokens share each weight row (prefill): the

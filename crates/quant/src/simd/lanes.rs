@@ -78,16 +78,19 @@ trait Fmt {
     );
     /// The output from the two chains.
     unsafe fn finish(acc: __m512, accm: __m512) -> __m512;
-    /// Whether [`Fmt::load_pack`] replaces `TChunk::load` then [`Fmt::pack`] (one-block chunks).
-    const FUSED: bool = false;
-    /// The block at byte `off` of the 16 `rows`, loaded, transposed and unpacked straight from
-    /// registers, with no store and reload of the transposed chunk.
+    /// Blocks `c0..c0 + cn` of the 16 `rows` (the weight buffer ends at `end`), loaded,
+    /// transposed and unpacked into `p`: by default through the transposed chunk `tc`.
+    #[inline(always)]
     unsafe fn load_pack(
-        _rows: &[*const u8; LANES],
-        _end: *const u8,
-        _off: usize,
-        _p: &mut Self::P,
+        tc: &mut TChunk,
+        rows: &[*const u8; LANES],
+        end: *const u8,
+        c0: usize,
+        cn: usize,
+        p: &mut Self::P,
     ) {
+        tc.load(rows, end, c0 * Self::WB, cn * Self::WB);
+        Self::pack(tc, cn, p);
     }
     /// Whether the one-token path below exists: each block unpacked and used in registers, with
     /// no store of the unpacked chunk (decode reads every weight once, for one token).
@@ -730,13 +733,25 @@ impl<const Q5: bool> Fmt for K45<Q5> {
     const CHUNK: usize = 1;
     type P = K45P;
     type Q = __m128i;
-    const FUSED: bool = !Q5;
 
-    /// Q4_K: bytes 0..64 hold `d`, `dmin`, the scales and quant dwords 0..12, bytes 64..128 quant
-    /// dwords 12..28 and bytes 128..144 the last four; each goes to `p` as it is transposed.
+    /// Q5_K through the transposed chunk. Q4_K straight from registers, with no store and
+    /// reload of the chunk: bytes 0..64 hold `d`, `dmin`, the scales and quant dwords 0..12, bytes
+    /// 64..128 quant dwords 12..28 and bytes 128..144 the last four; each goes to `p` as it is
+    /// transposed.
     #[inline(always)]
-    unsafe fn load_pack(rows: &[*const u8; LANES], end: *const u8, off: usize, p: &mut K45P) {
-        debug_assert!(!Q5);
+    unsafe fn load_pack(
+        tc: &mut TChunk,
+        rows: &[*const u8; LANES],
+        end: *const u8,
+        c0: usize,
+        cn: usize,
+        p: &mut K45P,
+    ) {
+        if Q5 {
+            tc.load(rows, end, c0 * Self::WB, cn * Self::WB);
+            return Self::pack(tc, cn, p);
+        }
+        let off = c0 * Self::WB;
         let r = load_t16(rows, end, off, 144);
         k45_scales(p, r[0], r[1], r[2], r[3]);
         for i in 0..12 {
@@ -1005,7 +1020,6 @@ unsafe fn run<F: Fmt>(
     const {
         assert!(size_of::<F::P>() <= P_ZMM * 64);
         assert!(size_of::<[F::Q; PASS]>() <= Q_ZMM * 64);
-        assert!(!(F::FUSED && F::ONE));
     }
     // SAFETY: the scratch is initialised memory of SCRATCH_ZMM registers, 64-byte aligned, and the
     // three regions do not overlap; every type placed there (registers, f32, u8 arrays) is valid for
@@ -1014,7 +1028,8 @@ unsafe fn run<F: Fmt>(
     let tc = &mut *scratch.add(P_ZMM).cast::<TChunk>();
     let one = F::ONE && nt == 1 && nb <= ONE_MAX_BLOCKS;
     // The tokens' prepared blocks: for every chunk at once when they fit (prepared once per
-    // call, not once per 16 rows), else one chunk's at a time.
+    // call, not once per 16 rows), else one chunk's at a time. Only for one-block chunks (the
+    // K-quants): a legacy chunk's preparation is 320 bytes per token and seldom fits.
     let n_chunks = nb.div_ceil(F::CHUNK);
     let q_cap = (Q_ZMM * 64)
         .checked_div(size_of::<F::Q>())
@@ -1069,7 +1084,6 @@ unsafe fn run<F: Fmt>(
             // 1 token x 47 MB of Q4_1 went from 4.7 GB/s to ~9 (the one-row AVX2 kernel: ~11).
             {
                 let span = LANES * w.stride;
-                let n_chunks = nb.div_ceil(F::CHUNK);
                 let share = span.div_ceil(n_chunks).next_multiple_of(64);
                 let from = c0 / F::CHUNK * share;
                 let next = base.wrapping_add(2 * span);
@@ -1080,19 +1094,13 @@ unsafe fn run<F: Fmt>(
                     o += 64;
                 }
             }
-            if F::FUSED {
-                F::load_pack(&rows, end, c0 * F::WB, p);
-            } else {
-                tc.load(&rows, end, c0 * F::WB, cn * F::WB);
-            }
             if one {
+                tc.load(&rows, end, c0 * F::WB, cn * F::WB);
                 F::one_token(tc, cn, c0, a[0], q1, &mut acc[0], &mut accm[0]);
                 c0 += cn;
                 continue;
             }
-            if !F::FUSED {
-                F::pack(tc, cn, p);
-            }
+            F::load_pack(tc, &rows, end, c0, cn, p);
             let qc = if hoist {
                 &q[c0 / F::CHUNK * nt..][..nt]
             } else {
