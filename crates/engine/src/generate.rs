@@ -1,12 +1,12 @@
-//! The generation loop of `hearth run` and `hearth chat`: sample, detokenize as whole characters,
-//! match stop strings across tokens, end on end-of-generation tokens, the token budget or the context.
+//! The generation loop of `hearth run` and `hearth chat`: one [`Sequence`] over one [`Session`].
 
 use hearth_model::ModelError;
 use hearth_tokenizer::Tokenizer;
 
-use crate::sampler::{Sampler, SamplerConfig};
+use crate::sampler::SamplerConfig;
+use crate::sequence::{Outcome, Sequence};
+use crate::service::{Event, Request};
 use crate::session::Session;
-use crate::stop::{StopMatcher, StopResult};
 
 /// What to generate.
 #[derive(Clone, Debug, Default)]
@@ -51,15 +51,17 @@ pub enum GenerateError {
     /// The forward pass failed.
     #[error(transparent)]
     Model(#[from] ModelError),
-    /// The grammar could not be followed (an engine error, or every allowed token was banned).
-    #[error(transparent)]
-    Constraint(#[from] hearth_constrain::ConstrainError),
+    /// The sequence failed (the grammar could not be followed: an engine error, or every allowed
+    /// token was banned).
+    #[error("{0}")]
+    Sequence(String),
 }
 
 /// Generates a continuation of `prompt`, handing each piece of text to `on_text` as soon as it is
-/// final; `on_text` returns `false` to stop. With a constraint, only tokens that keep the output
-/// valid are sampled, end of generation comes only where it is complete, and generation ends with
-/// `Stop` as soon as nothing may follow.
+/// final; `on_text` returns `false` to stop. The rules (stop strings, limits, the grammar) are the
+/// [`Sequence`]'s, as in the server: with a constraint, only tokens that keep the output valid are
+/// sampled, end of generation comes only where it is complete, and generation ends with `Stop` as
+/// soon as nothing may follow.
 pub fn generate(
     session: &mut Session,
     tok: &Tokenizer,
@@ -68,69 +70,73 @@ pub fn generate(
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<Generation, GenerateError> {
     let n_prefilled = session.set_prompt(prompt)?;
-    let mut sampler = Sampler::new(params.sampler.clone());
-    let mut constraint = params.constraint.as_ref().map(|g| g.start());
-    let mut stop = StopMatcher::new(&params.stop);
-    let mut detok = tok.stream_decoder(false);
     let mut text = String::new();
     let mut tokens = Vec::new();
+    let mut end: Option<Result<FinishReason, String>> = None;
+    let sink = |ev: Event| match ev {
+        Event::Token { id, text: t, .. } => {
+            tokens.push(id);
+            text.push_str(&t);
+            t.is_empty() || on_text(&t)
+        }
+        Event::Done {
+            finish, text: t, ..
+        } => {
+            text.push_str(&t);
+            if !t.is_empty() {
+                on_text(&t);
+            }
+            end = Some(Ok(finish));
+            true
+        }
+        Event::Error(e) => {
+            end = Some(Err(e));
+            true
+        }
+    };
+    let request = Request {
+        prompt: prompt.to_vec(),
+        max_tokens: params.max_tokens,
+        n_ctx: None,
+        sampler: params.sampler.clone(),
+        stop: params.stop.clone(),
+        logprobs: None,
+        constraint: params.constraint.clone(),
+    };
+    let mut seq = Sequence::new(request, sink, session.n_ctx());
+    // The session has the whole prompt in its cache now (`n_prefilled` of it computed).
+    seq.set_cached(prompt.len() - n_prefilled);
+    seq.advance(prompt.len());
     let mut logits = session.logits().to_vec();
-    let mut emit = |s: &str, text: &mut String| {
-        text.push_str(s);
-        s.is_empty() || on_text(s)
-    };
-    let finish = loop {
+    let outcome = loop {
         if params.max_tokens == Some(0) {
-            break FinishReason::Length;
+            break seq.finish(FinishReason::Length);
         }
-        if let Some(c) = constraint.as_mut() {
-            c.apply(&mut logits)?;
-        }
-        let next = sampler.sample(&mut logits, session.tokens());
-        if tok.is_eog(next) {
-            break FinishReason::Stop;
-        }
-        if let Some(c) = constraint.as_mut() {
-            c.commit(next)?;
-        }
-        tokens.push(next);
-        let piece = detok.push(next);
-        match stop.push(&piece) {
-            StopResult::Stop(s) => {
-                emit(&s, &mut text);
-                return Ok(Generation {
-                    text,
-                    tokens,
-                    n_prefilled,
-                    finish: FinishReason::Stop,
-                });
-            }
-            StopResult::Continue(s) => {
-                if !emit(&s, &mut text) {
-                    break FinishReason::Cancelled;
-                }
+        let outcome = seq.sample(&mut logits, session.tokens(), tok);
+        let Some(next) = seq.pending() else {
+            break outcome;
+        };
+        seq.fed();
+        match session.extend(&[next]) {
+            Ok(l) => logits.copy_from_slice(l),
+            Err(e) => {
+                seq.fail(e.to_string());
+                drop(seq);
+                return Err(e.into());
             }
         }
-        if constraint.as_ref().is_some_and(|c| c.is_finished()) {
-            break FinishReason::Stop;
-        }
-        if params.max_tokens.is_some_and(|m| tokens.len() >= m)
-            || session.tokens().len() + 1 > session.n_ctx()
-        {
-            break FinishReason::Length;
-        }
-        logits.copy_from_slice(session.extend(&[next])?);
     };
-    let rest = detok.finish();
-    let tail = match stop.push(&rest) {
-        StopResult::Stop(s) => s,
-        StopResult::Continue(s) => s + &stop.finish(),
-    };
-    emit(&tail, &mut text);
-    Ok(Generation {
-        text,
-        tokens,
-        n_prefilled,
-        finish,
-    })
+    drop(seq);
+    match (outcome, end) {
+        (_, Some(Err(e))) => Err(GenerateError::Sequence(e)),
+        (_, Some(Ok(finish))) | (Outcome::Finished(finish), None) => Ok(Generation {
+            text,
+            tokens,
+            n_prefilled,
+            finish,
+        }),
+        _ => Err(GenerateError::Sequence(
+            "generation ended without a result".into(),
+        )),
+    }
 }

@@ -1,5 +1,7 @@
-//! Generation on top of the model: the parity report of `hearth logits`, sampling, single-sequence
-//! sessions with prefix reuse, stop strings, and the generation loop.
+//! Generation on top of the model: the parity report of `hearth logits`, sampling, stop strings,
+//! the one sequence state machine ([`Sequence`]: prompt, sampling, stops, limits, finish) that the
+//! continuous-batching [`Scheduler`], the CLI's generation loop and test doubles all run, and
+//! single-sequence sessions with prefix reuse.
 
 #![deny(missing_docs)]
 
@@ -8,6 +10,7 @@ pub mod generate;
 pub mod logits;
 pub mod sampler;
 pub mod scheduler;
+pub mod sequence;
 pub mod service;
 pub mod session;
 pub mod stop;
@@ -18,6 +21,9 @@ pub use generate::{generate, FinishReason, GenParams, GenerateError, Generation}
 pub use logits::{logits_report, top_k, LogitsReport};
 pub use sampler::{Sampler, SamplerConfig};
 pub use scheduler::{Scheduler, SchedulerConfig};
-pub use service::{Backend, Event, ModelInfo, Request, Sink, Stats, SubmitError, TokenLogprob};
+pub use sequence::{Outcome, Sequence, Ticket};
+pub use service::{
+    Backend, Event, ModelInfo, Request, Sink, Stats, SubmitError, TokenLogprob, Usage,
+};
 pub use session::Session;
 pub use stop::{StopMatcher, StopResult};

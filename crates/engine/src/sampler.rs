@@ -86,6 +86,7 @@ pub struct Sampler {
     cfg: SamplerConfig,
     rng: Rng,
     cand: Vec<(u32, f32)>, // [n_vocab] candidates, reused between steps
+    probs: Vec<f64>,       // [candidates] unnormalised probabilities, reused
     counts: HashMap<u32, u32>,
 }
 
@@ -97,6 +98,7 @@ impl Sampler {
             cfg,
             rng,
             cand: Vec::new(),
+            probs: Vec::new(),
             counts: HashMap::new(),
         }
     }
@@ -163,11 +165,9 @@ impl Sampler {
         self.cand.sort_unstable_by(by_logit);
         // Probabilities at temperature 1 decide top-p and min-p, as llama.cpp's chain does before `temp`.
         let max = self.cand[0].1;
-        let probs: Vec<f64> = self
-            .cand
-            .iter()
-            .map(|&(_, l)| ((l - max) as f64).exp())
-            .collect();
+        let probs = &mut self.probs;
+        probs.clear();
+        probs.extend(self.cand.iter().map(|&(_, l)| ((l - max) as f64).exp()));
         let total: f64 = probs.iter().sum();
         let mut keep = self.cand.len();
         if c.top_p < 1.0 {
@@ -186,14 +186,16 @@ impl Sampler {
         }
         self.cand.truncate(keep);
         let t = c.temperature as f64;
-        let weights: Vec<f64> = self
-            .cand
-            .iter()
-            .map(|&(_, l)| (((l - max) as f64) / t).exp())
-            .collect();
-        let sum: f64 = weights.iter().sum();
+        // The temperature weights replace the probabilities in the same buffer.
+        probs.clear();
+        probs.extend(
+            self.cand
+                .iter()
+                .map(|&(_, l)| (((l - max) as f64) / t).exp()),
+        );
+        let sum: f64 = probs.iter().sum();
         let mut r = self.rng.next_f64() * sum;
-        for (i, w) in weights.iter().enumerate() {
+        for (i, w) in probs.iter().enumerate() {
             if r < *w {
                 return self.cand[i].0;
             }

@@ -9,19 +9,17 @@
 //! Because the model is batch-invariant, a request's tokens do not depend on what else runs.
 
 use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use hearth_constrain::Constraint;
-use hearth_model::{Batch, KvCache, KvType, Model, Scratch, Tap, ThreadPool};
+use hearth_model::{Batch, KvCache, KvType, Model, Scratch, ThreadPool};
 use hearth_tokenizer::Tokenizer;
 
-use crate::generate::FinishReason;
-use crate::sampler::{logprob, top_logprobs, Sampler};
-use crate::service::{Backend, Event, ModelInfo, Request, Sink, Stats, SubmitError, TokenLogprob};
-use crate::stop::{StopMatcher, StopResult};
-use crate::utf8::Utf8Buffer;
+use crate::sequence::{Sequence, Ticket};
+use crate::service::{Backend, ModelInfo, Request, Sink, Stats, SubmitError};
 
 /// How the scheduler runs.
 #[derive(Clone, Debug)]
@@ -56,20 +54,24 @@ impl Default for SchedulerConfig {
 /// Prompt tokens per step while other sequences are decoding.
 const PREFILL_CHUNK_WHILE_DECODING: usize = 128;
 
-struct Pending {
-    req: Request,
-    sink: Sink,
-}
-
 struct Shared {
     info: ModelInfo,
     tokenizer: Arc<Tokenizer>,
     cfg: SchedulerConfig,
-    queue: Mutex<VecDeque<Pending>>,
+    queue: Mutex<VecDeque<Sequence>>,
     wake: Condvar,
     stats: Mutex<Stats>,
     shutdown: AtomicBool,
-    in_flight: AtomicUsize,
+    /// Requests queued or running (see [`Ticket`]).
+    in_flight: Arc<AtomicUsize>,
+    /// Why the engine thread stopped, once it has died; new requests are refused after that.
+    dead: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn dead(&self) -> Option<String> {
+        self.dead.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 /// The continuous-batching [`Backend`] over a real model.
@@ -101,12 +103,31 @@ impl Scheduler {
                 ..Stats::default()
             }),
             shutdown: AtomicBool::new(false),
-            in_flight: AtomicUsize::new(0),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            dead: Mutex::new(None),
         });
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("hearth-engine".into())
-            .spawn(move || Engine::new(&model, &sh).run())
+            .spawn(move || {
+                let run =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| Engine::new(&model, &sh).run()));
+                if let Err(panic) = run {
+                    // The engine cannot go on: refuse new requests and fail the waiting ones.
+                    let why = format!("the engine stopped: {}", panic_message(&*panic));
+                    tracing::error!("{why}");
+                    *sh.dead.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+                    let waiting: Vec<Sequence> = sh
+                        .queue
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .drain(..)
+                        .collect();
+                    for mut seq in waiting {
+                        seq.fail(why.clone());
+                    }
+                }
+            })
             .expect("spawning the engine thread");
         Arc::new(Scheduler {
             shared,
@@ -122,6 +143,15 @@ impl Scheduler {
     }
 }
 
+/// The text of a panic payload.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
+}
+
 impl Backend for Scheduler {
     fn info(&self) -> &ModelInfo {
         &self.shared.info
@@ -133,30 +163,19 @@ impl Backend for Scheduler {
 
     fn submit(&self, req: Request, sink: Sink) -> Result<(), SubmitError> {
         let sh = &self.shared;
+        if let Some(why) = sh.dead() {
+            return Err(SubmitError::Unavailable(why));
+        }
         if sh.shutdown.load(Ordering::Acquire) {
             return Err(SubmitError::ShuttingDown);
         }
-        if req.prompt.is_empty() {
-            return Err(SubmitError::Invalid("the prompt is empty".into()));
-        }
-        if req.prompt.len() >= sh.cfg.n_ctx {
-            return Err(SubmitError::PromptTooLong {
-                prompt: req.prompt.len(),
-                n_ctx: sh.cfg.n_ctx,
-            });
-        }
-        if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= sh.info.n_vocab) {
-            return Err(SubmitError::Invalid(format!(
-                "token id {bad} is outside the vocabulary of {}",
-                sh.info.n_vocab
-            )));
-        }
+        check_request(&req, sh.cfg.n_ctx, sh.info.n_vocab)?;
         let mut q = sh.queue.lock().unwrap_or_else(|e| e.into_inner());
         if q.len() >= sh.cfg.queue {
             return Err(SubmitError::QueueFull { queued: q.len() });
         }
-        q.push_back(Pending { req, sink });
-        sh.in_flight.fetch_add(1, Ordering::AcqRel);
+        let seq = Sequence::new(req, sink, sh.cfg.n_ctx).with_ticket(Ticket::new(&sh.in_flight));
+        q.push_back(seq);
         sh.wake.notify_one();
         Ok(())
     }
@@ -189,45 +208,42 @@ impl Backend for Scheduler {
     fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::Acquire)
     }
+
+    fn health(&self) -> Result<(), String> {
+        match self.shared.dead() {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
+    }
 }
 
-/// A request being served in a slot.
-struct Active {
-    req: Request,
-    sink: Sink,
-    n_cached: usize,
-    /// Next prompt index to prefill; `== prompt.len()` once decoding.
-    next_prompt: usize,
-    /// The sampled token not yet fed to the model.
-    last: Option<u32>,
-    sampler: Sampler,
-    text: Utf8Buffer,
-    stop: StopMatcher,
-    n_gen: usize,
-    /// Where the output stands in the request's grammar, when it has one.
-    constraint: Option<Constraint>,
+/// Refuses what no sequence could serve: an empty prompt, one that leaves no room to generate in
+/// a context of `n_ctx`, token ids outside the vocabulary.
+pub fn check_request(req: &Request, n_ctx: usize, n_vocab: usize) -> Result<(), SubmitError> {
+    let n_ctx = req.n_ctx.map_or(n_ctx, |c| c.min(n_ctx));
+    if req.prompt.is_empty() {
+        return Err(SubmitError::Invalid("the prompt is empty".into()));
+    }
+    if req.prompt.len() >= n_ctx {
+        return Err(SubmitError::PromptTooLong {
+            prompt: req.prompt.len(),
+            n_ctx,
+        });
+    }
+    if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(SubmitError::Invalid(format!(
+            "token id {bad} is outside the vocabulary of {n_vocab}"
+        )));
+    }
+    Ok(())
 }
 
 struct Slot {
     /// Tokens whose K/V are in this slot's cache, in order.
     tokens: Vec<u32>,
-    active: Option<Active>,
+    active: Option<Sequence>,
     /// Step at which the slot was last used (least recently used slots are reused first).
     used: u64,
-}
-
-/// Counts expert choices for `/metrics`.
-struct ExpertCounter<'a>(&'a mut [u64]);
-
-impl Tap for ExpertCounter<'_> {
-    fn tensor(&mut self, _: &str, _: Option<usize>, _: &[f32], _: usize, _: usize) {}
-    fn experts(&mut self, _layer: usize, selected: &[u32], _weights: &[f32], _k: usize) {
-        for &e in selected {
-            if let Some(c) = self.0.get_mut(e as usize) {
-                *c += 1;
-            }
-        }
-    }
 }
 
 struct Engine<'a> {
@@ -243,14 +259,10 @@ struct Engine<'a> {
     pos: Vec<usize>,
     seq: Vec<usize>,
     want: Vec<bool>,
-    row_logits: Vec<f32>,
-    expert_load: Vec<u64>,
-}
-
-/// What a batch row with logits belongs to.
-#[derive(Clone, Copy)]
-struct OutRow {
-    slot: usize,
+    rows: Vec<usize>,            // slot of each batch row with logits
+    chunks: Vec<(usize, usize)>, // (slot, prompt tokens) prefilled this step
+    order: Vec<usize>,           // slots prefilling this step, oldest first
+    row_logits: Vec<f32>,        // [n_vocab] one row's logits, modified by sampling
 }
 
 impl<'a> Engine<'a> {
@@ -283,8 +295,10 @@ impl<'a> Engine<'a> {
             pos: Vec::with_capacity(n_batch),
             seq: Vec::with_capacity(n_batch),
             want: Vec::with_capacity(n_batch),
+            rows: Vec::with_capacity(n_batch),
+            chunks: Vec::with_capacity(cfg.parallel),
+            order: Vec::with_capacity(cfg.parallel),
             row_logits: vec![0.0; c.n_vocab],
-            expert_load: vec![0; c.moe.as_ref().map_or(0, |m| m.n_expert)],
         }
     }
 
@@ -301,17 +315,30 @@ impl<'a> Engine<'a> {
                 }
                 continue;
             }
-            self.step();
+            // A failed step (a panic in the forward pass or in sampling) fails the sequences it
+            // held, whose caches may be half written; the others go on.
+            let step = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()));
+            if let Err(panic) = step {
+                let why = format!("internal error: {}", panic_message(&*panic));
+                tracing::error!("engine step failed: {why}");
+                for &i in &self.seq {
+                    let slot = &mut self.slots[i];
+                    slot.tokens.clear();
+                    if let Some(mut seq) = slot.active.take() {
+                        seq.fail(why.clone());
+                    }
+                }
+            }
         }
     }
 
     /// Moves waiting requests into free slots, reusing cached prefixes.
     fn admit(&mut self) {
         loop {
-            let Some(free) = self.pick_free_slot() else {
+            let Some(free) = self.slots.iter().position(|s| s.active.is_none()) else {
                 return;
             };
-            let Some(p) = self
+            let Some(mut seq) = self
                 .sh
                 .queue
                 .lock()
@@ -320,7 +347,11 @@ impl<'a> Engine<'a> {
             else {
                 return;
             };
-            let prompt = &p.req.prompt;
+            // A request whose KV memory cannot be had fails alone.
+            fail::fail_point!("kv::alloc", |_| {
+                seq.fail("the KV cache could not be allocated for this request".into());
+            });
+            let prompt = seq.prompt();
             // The idle slot sharing the longest prefix (LRU among equals); then maybe a longer prefix elsewhere.
             let lcp = |t: &[u32]| {
                 t.iter()
@@ -356,29 +387,13 @@ impl<'a> Engine<'a> {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .cached_tokens += common as u64;
+            seq.admitted();
+            seq.set_cached(common);
             let slot = &mut self.slots[dst];
             slot.tokens.truncate(common);
             slot.used = self.step;
-            let sampler = Sampler::new(p.req.sampler.clone());
-            let stop = StopMatcher::new(&p.req.stop);
-            let constraint = p.req.constraint.as_ref().map(|g| g.start());
-            slot.active = Some(Active {
-                constraint,
-                n_cached: common,
-                next_prompt: common,
-                last: None,
-                sampler,
-                text: Utf8Buffer::default(),
-                stop,
-                n_gen: 0,
-                req: p.req,
-                sink: p.sink,
-            });
+            slot.active = Some(seq);
         }
-    }
-
-    fn pick_free_slot(&self) -> Option<usize> {
-        self.slots.iter().position(|s| s.active.is_none())
     }
 
     /// One batched forward pass over every active sequence.
@@ -389,17 +404,16 @@ impl<'a> Engine<'a> {
         self.pos.clear();
         self.seq.clear();
         self.want.clear();
-        let mut rows: Vec<OutRow> = Vec::new();
+        self.rows.clear();
+        self.chunks.clear();
         // Decoding sequences first: one token each.
         for (i, slot) in self.slots.iter().enumerate() {
-            if let Some(a) = &slot.active {
-                if let Some(t) = a.last {
-                    self.tokens.push(t);
-                    self.pos.push(slot.tokens.len());
-                    self.seq.push(i);
-                    self.want.push(true);
-                    rows.push(OutRow { slot: i });
-                }
+            if let Some(t) = slot.active.as_ref().and_then(Sequence::pending) {
+                self.tokens.push(t);
+                self.pos.push(slot.tokens.len());
+                self.seq.push(i);
+                self.want.push(true);
+                self.rows.push(i);
             }
         }
         let n_decode = self.tokens.len();
@@ -410,40 +424,40 @@ impl<'a> Engine<'a> {
             n_batch
         };
         // Prefill chunks in the budget left, oldest slot first.
-        let mut order: Vec<usize> = (0..self.slots.len())
-            .filter(|&i| {
-                self.slots[i]
-                    .active
-                    .as_ref()
-                    .is_some_and(|a| a.last.is_none())
-            })
-            .collect();
+        let mut order = std::mem::take(&mut self.order);
+        order.clear();
+        order.extend((0..self.slots.len()).filter(|&i| {
+            self.slots[i]
+                .active
+                .as_ref()
+                .is_some_and(Sequence::is_prefilling)
+        }));
         order.sort_by_key(|&i| self.slots[i].used);
-        let mut chunks: Vec<(usize, usize)> = Vec::new(); // (slot, tokens)
-        for i in order {
+        for &i in &order {
             let budget = n_batch - self.tokens.len();
             if budget == 0 {
                 break;
             }
-            let slot = &self.slots[i];
-            let a = slot.active.as_ref().expect("filtered active");
-            let n = (a.req.prompt.len() - a.next_prompt).min(budget);
-            for j in 0..n {
-                let p = a.next_prompt + j;
-                self.tokens.push(a.req.prompt[p]);
-                self.pos.push(p);
+            let seq = self.slots[i].active.as_ref().expect("filtered active");
+            let (start, rest) = (seq.prefilled(), seq.remaining_prompt());
+            let n = rest.len().min(budget);
+            for (j, &t) in rest[..n].iter().enumerate() {
+                self.tokens.push(t);
+                self.pos.push(start + j);
                 self.seq.push(i);
-                let last = p + 1 == a.req.prompt.len();
+                let last = j + 1 == rest.len();
                 self.want.push(last);
                 if last {
-                    rows.push(OutRow { slot: i });
+                    self.rows.push(i);
                 }
             }
-            chunks.push((i, n));
+            self.chunks.push((i, n));
         }
+        self.order = order;
         if self.tokens.is_empty() {
             return;
         }
+        fail::fail_point!("engine::step", |_| {});
         let t0 = Instant::now();
         let batch = Batch {
             tokens: &self.tokens,
@@ -451,41 +465,34 @@ impl<'a> Engine<'a> {
             seq: &self.seq,
             logits: &self.want,
         };
-        let mut counter = ExpertCounter(&mut self.expert_load);
-        let tap: Option<&mut dyn Tap> = if counter.0.is_empty() {
-            None
-        } else {
-            Some(&mut counter)
-        };
         let result = self
             .model
-            .forward(&self.pool, &mut self.kv, &mut self.scratch, &batch, tap);
-        let logits = match result {
-            Ok(l) => l.to_vec(),
+            .forward(&self.pool, &mut self.kv, &mut self.scratch, &batch, None);
+        match result {
+            Ok(_) => {}
             Err(e) => {
                 let msg = e.to_string();
-                for i in self.seq.clone() {
-                    if let Some(mut a) = self.slots[i].active.take() {
-                        self.sh.in_flight.fetch_sub(1, Ordering::AcqRel);
-                        (a.sink)(Event::Error(msg.clone()));
+                for &i in &self.seq {
+                    if let Some(mut seq) = self.slots[i].active.take() {
+                        seq.fail(msg.clone());
                     }
                 }
                 return;
             }
-        };
+        }
         let dt = t0.elapsed().as_secs_f64();
         // The batch's tokens are now in the cache.
         for (t, &i) in self.tokens.iter().zip(&self.seq) {
             self.slots[i].tokens.push(*t);
         }
-        for &(i, n) in &chunks {
-            if let Some(a) = self.slots[i].active.as_mut() {
-                a.next_prompt += n;
+        for &(i, n) in &self.chunks {
+            if let Some(seq) = self.slots[i].active.as_mut() {
+                seq.advance(n);
             }
         }
-        for i in 0..n_decode {
-            if let Some(a) = self.slots[self.seq[i]].active.as_mut() {
-                a.last = None;
+        for &i in &self.seq[..n_decode] {
+            if let Some(seq) = self.slots[i].active.as_mut() {
+                seq.fed();
             }
         }
         // Counters first: a client that has seen its last event finds them up to date.
@@ -497,150 +504,62 @@ impl<'a> Engine<'a> {
             st.prefill_seconds += dt * n_prefill as f64 / total;
             st.decode_seconds += dt * n_decode as f64 / total;
             st.kv_used = self.slots.iter().map(|s| s.tokens.len()).sum();
-            st.expert_load.clone_from(&self.expert_load);
+            st.expert_load.clear();
+            st.expert_load.extend_from_slice(self.scratch.expert_load());
         }
-        self.compute_masks(&rows);
+        compute_masks(&self.pool, &mut self.slots, &self.rows);
         let n_vocab = self.model.config.n_vocab;
-        for (r, row) in rows.iter().enumerate() {
+        let logits = self.scratch.logits();
+        let tok = &*self.sh.tokenizer;
+        let mut generated = 0;
+        for (r, &i) in self.rows.iter().enumerate() {
+            let slot = &mut self.slots[i];
+            let Some(seq) = slot.active.as_mut() else {
+                continue;
+            };
             self.row_logits
                 .copy_from_slice(&logits[r * n_vocab..(r + 1) * n_vocab]);
-            self.sample(row.slot);
+            let before = seq.n_gen();
+            let outcome = seq.sample(&mut self.row_logits, &slot.tokens, tok);
+            generated += seq.n_gen() - before;
+            if outcome.is_over() {
+                slot.active = None;
+                slot.used = self.step;
+            }
+        }
+        self.sh
+            .stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .generated_tokens += generated as u64;
+    }
+}
+
+/// Computes the allowed-token masks of the constrained sequences about to sample, spread over the
+/// forward pass's threads (idle between passes): each sequence's grammar state is its own, so they
+/// run side by side and the serial sampling loop only applies ready masks.
+fn compute_masks(pool: &ThreadPool, slots: &mut [Slot], rows: &[usize]) {
+    let mut pending: Vec<Mutex<&mut Constraint>> = Vec::new();
+    for (i, slot) in slots.iter_mut().enumerate() {
+        if !rows.contains(&i) {
+            continue;
+        }
+        if let Some(seq) = slot.active.as_mut().filter(|s| !s.is_prefilling()) {
+            if let Some(c) = seq.constraint_mut() {
+                pending.push(Mutex::new(c));
+            }
         }
     }
-
-    /// Computes the allowed-token masks of the constrained sequences about to sample, spread over
-    /// the forward pass's threads (idle between passes): each sequence's grammar state is its own,
-    /// so they run side by side and the serial sampling loop only applies ready masks.
-    fn compute_masks(&mut self, rows: &[OutRow]) {
-        let mut pending: Vec<std::sync::Mutex<&mut Constraint>> = Vec::new();
-        let mut seen = vec![false; self.slots.len()];
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            let sampling = rows.iter().any(|r| r.slot == i);
-            if let Some(a) = slot.active.as_mut() {
-                if sampling && !seen[i] && a.next_prompt >= a.req.prompt.len() {
-                    if let Some(c) = a.constraint.as_mut() {
-                        seen[i] = true;
-                        pending.push(std::sync::Mutex::new(c));
-                    }
-                }
+    match pending.len() {
+        0 => {}
+        1 => {
+            // Errors surface again when the mask is applied, and end that request there.
+            let _ = pending[0].get_mut().map(|c| c.compute_mask());
+        }
+        n => pool.run(n, &|k| {
+            if let Ok(mut c) = pending[k].lock() {
+                let _ = c.compute_mask();
             }
-        }
-        match pending.len() {
-            0 => {}
-            1 => {
-                // Errors surface again when the mask is applied, and end that request there.
-                let _ = pending[0].get_mut().map(|c| c.compute_mask());
-            }
-            n => self.pool.run(n, &|k| {
-                if let Ok(mut c) = pending[k].lock() {
-                    let _ = c.compute_mask();
-                }
-            }),
-        }
-    }
-
-    /// Samples the next token of a slot from `row_logits`, emits it and decides whether to go on.
-    fn sample(&mut self, i: usize) {
-        let n_ctx = self.sh.cfg.n_ctx;
-        let tok = &*self.sh.tokenizer;
-        let slot = &mut self.slots[i];
-        let Some(a) = slot.active.as_mut() else {
-            return;
-        };
-        if a.next_prompt < a.req.prompt.len() {
-            return; // mid-prompt: no sampling yet
-        }
-        let lp = a.req.logprobs.map(|k| (self.row_logits.clone(), k));
-        // The grammar's mask comes before every other sampling step, so bias, penalties and
-        // truncation only ever choose among tokens that keep the output valid.
-        let mut failed = a
-            .constraint
-            .as_mut()
-            .and_then(|c| c.apply(&mut self.row_logits).err());
-        let next = a.sampler.sample(&mut self.row_logits, &slot.tokens);
-        if failed.is_none() && !tok.is_eog(next) {
-            failed = a.constraint.as_mut().and_then(|c| c.commit(next).err());
-        }
-        if let Some(e) = failed {
-            let mut a = slot.active.take().expect("active");
-            slot.used = self.step;
-            self.sh.in_flight.fetch_sub(1, Ordering::AcqRel);
-            (a.sink)(Event::Error(e.to_string()));
-            return;
-        }
-        let mut finish = None;
-        let mut text = String::new();
-        if tok.is_eog(next) {
-            finish = Some(FinishReason::Stop);
-        } else {
-            a.n_gen += 1;
-            self.sh
-                .stats
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .generated_tokens += 1;
-            let piece = a.text.push(tok.token_to_piece(next, false));
-            match a.stop.push(&piece) {
-                StopResult::Stop(s) => {
-                    text = s;
-                    finish = Some(FinishReason::Stop);
-                }
-                StopResult::Continue(s) => text = s,
-            }
-            let logprob = lp.map(|(raw, k)| TokenLogprob {
-                logprob: logprob(&raw, next),
-                top: top_logprobs(&raw, k)
-                    .into_iter()
-                    .map(|(id, l)| {
-                        (
-                            id,
-                            String::from_utf8_lossy(tok.token_to_piece(id, false)).into_owned(),
-                            l,
-                        )
-                    })
-                    .collect(),
-            });
-            let alive = (a.sink)(Event::Token {
-                id: next,
-                text: std::mem::take(&mut text),
-                logprob,
-            });
-            if !alive {
-                finish = Some(FinishReason::Cancelled);
-            } else if finish.is_none() {
-                if a.constraint.as_ref().is_some_and(Constraint::is_finished) {
-                    // The output is complete and nothing may follow: end as the grammar says,
-                    // without a step spent sampling the end-of-generation token.
-                    finish = Some(FinishReason::Stop);
-                } else if a.req.max_tokens.is_some_and(|m| a.n_gen >= m)
-                    || slot.tokens.len() + 1 >= n_ctx
-                {
-                    finish = Some(FinishReason::Length);
-                } else {
-                    a.last = Some(next);
-                }
-            }
-        }
-        if let Some(f) = finish {
-            let mut a = slot.active.take().expect("active");
-            slot.used = self.step;
-            // Counted out before the last event, so a client that sees `Done` sees the slot free.
-            self.sh.in_flight.fetch_sub(1, Ordering::AcqRel);
-            if f != FinishReason::Cancelled {
-                let mut tail = a.text.finish();
-                let rest = match a.stop.push(&std::mem::take(&mut tail)) {
-                    StopResult::Stop(s) => s,
-                    StopResult::Continue(s) => s + &a.stop.finish(),
-                };
-                let done = Event::Done {
-                    finish: f,
-                    text: text + &rest,
-                    n_prompt: a.req.prompt.len(),
-                    n_cached: a.n_cached,
-                    n_gen: a.n_gen,
-                };
-                (a.sink)(done);
-            }
-        }
+        }),
     }
 }

@@ -40,6 +40,9 @@ pub struct Request {
     pub prompt: Vec<u32>,
     /// Most tokens to generate (`None`: until end of generation or the context end).
     pub max_tokens: Option<usize>,
+    /// A smaller context than the backend's for this request (`None`: the backend's): prompt
+    /// plus generated tokens stay within it.
+    pub n_ctx: Option<usize>,
     /// Sampling settings (seeded).
     pub sampler: SamplerConfig,
     /// Stop strings (never emitted).
@@ -78,17 +81,30 @@ pub enum Event {
     Done {
         /// Why it ended.
         finish: FinishReason,
+        /// The stop string that ended it, when one did (it is not part of the text).
+        stop: Option<String>,
         /// Final text released at the end.
         text: String,
-        /// Prompt tokens.
-        n_prompt: usize,
-        /// Prompt tokens served from the prefix cache (not recomputed).
-        n_cached: usize,
-        /// Tokens generated.
-        n_gen: usize,
+        /// Token counts and timings.
+        usage: Usage,
     },
     /// The request failed after it was accepted.
     Error(String),
+}
+
+/// What a finished request used.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub n_prompt: usize,
+    /// Prompt tokens served from the prefix cache (not recomputed).
+    pub n_cached: usize,
+    /// Tokens generated.
+    pub n_gen: usize,
+    /// From admission to the first generated token (prefill).
+    pub prompt_time: std::time::Duration,
+    /// From the first generated token to the end (decode).
+    pub gen_time: std::time::Duration,
 }
 
 /// Why a request was not accepted.
@@ -114,6 +130,9 @@ pub enum SubmitError {
     /// The backend is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The backend cannot serve any more (its engine failed); a restart is needed.
+    #[error("the server cannot serve requests: {0}")]
+    Unavailable(String),
 }
 
 /// Receives a request's events; returns `false` when the client is gone, which cancels the request
@@ -159,6 +178,10 @@ pub trait Backend: Send + Sync + 'static {
     fn shutdown(&self);
     /// Requests running or waiting.
     fn in_flight(&self) -> usize;
+    /// `Err` with the reason once the backend can no longer serve (`/health` answers 503).
+    fn health(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 impl ModelInfo {

@@ -13,7 +13,12 @@ pub enum StopResult {
     /// Text safe to emit; generation continues.
     Continue(String),
     /// A stop string was matched: the text before it, then generation ends.
-    Stop(String),
+    Stop {
+        /// Text before the stop string.
+        text: String,
+        /// The stop string that matched.
+        stop: String,
+    },
 }
 
 impl StopMatcher {
@@ -28,15 +33,19 @@ impl StopMatcher {
     /// Feeds new text.
     pub fn push(&mut self, text: &str) -> StopResult {
         self.pending.push_str(text);
-        if let Some(at) = self
+        if let Some((at, i)) = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
+            .enumerate()
+            .filter_map(|(i, s)| self.pending.find(s.as_str()).map(|at| (at, i)))
             .min()
         {
-            let out = self.pending[..at].to_string();
+            let text = self.pending[..at].to_string();
             self.pending.clear();
-            return StopResult::Stop(out);
+            return StopResult::Stop {
+                text,
+                stop: self.stops[i].clone(),
+            };
         }
         // Hold back the longest suffix that is a proper prefix of some stop string.
         let mut keep = 0;
@@ -63,12 +72,19 @@ impl StopMatcher {
 mod tests {
     use super::*;
 
+    fn stop(text: &str, stop: &str) -> StopResult {
+        StopResult::Stop {
+            text: text.into(),
+            stop: stop.into(),
+        }
+    }
+
     #[test]
     fn matches_across_pushes_and_never_emits_the_stop() {
         let mut m = StopMatcher::new(&["</end>".to_string()]);
         assert_eq!(m.push("hello </"), StopResult::Continue("hello ".into()));
         assert_eq!(m.push("en"), StopResult::Continue("".into()));
-        assert_eq!(m.push("d> tail"), StopResult::Stop("".into()));
+        assert_eq!(m.push("d> tail"), stop("", "</end>"));
     }
 
     #[test]
@@ -83,10 +99,10 @@ mod tests {
     #[test]
     fn earliest_stop_wins_and_unicode_is_safe() {
         let mut m = StopMatcher::new(&["b".into(), "ab".into(), "é!".into()]);
-        assert_eq!(m.push("xxab"), StopResult::Stop("xx".into()));
+        assert_eq!(m.push("xxab"), stop("xx", "ab"));
         let mut m = StopMatcher::new(&["é!".into()]);
         assert_eq!(m.push("caf"), StopResult::Continue("caf".into()));
         assert_eq!(m.push("é"), StopResult::Continue("".into()));
-        assert_eq!(m.push("!"), StopResult::Stop("".into()));
+        assert_eq!(m.push("!"), stop("", "é!"));
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use hearth_constrain::{Constrainer, Spec};
 use hearth_engine::{
     Backend, Event, FinishReason, ModelInfo, Request, SamplerConfig, Scheduler, SchedulerConfig,
-    SubmitError,
+    SubmitError, Usage,
 };
 use hearth_model::{KvType, Model};
 use hearth_tokenizer::Tokenizer;
@@ -47,6 +47,7 @@ fn request(prompt: &str, tok: &Tokenizer, max: usize, temperature: f32, seed: u6
     Request {
         prompt: tok.encode(prompt, false),
         max_tokens: Some(max),
+        n_ctx: None,
         sampler: SamplerConfig {
             temperature,
             seed,
@@ -119,7 +120,7 @@ fn concurrent_requests_answer_as_alone() {
                 done,
                 Event::Done {
                     finish: FinishReason::Length,
-                    n_gen: 24,
+                    usage: Usage { n_gen: 24, .. },
                     ..
                 }
             ),
@@ -143,10 +144,17 @@ fn prefix_cache_hot_and_cold_agree() {
     let (hot, _, d2) = collect(submit(&s, request(&long, &tok, 16, 0.0, 1)));
     assert_eq!(cold, hot);
     let (
-        Event::Done { n_cached: c1, .. },
         Event::Done {
-            n_cached: c2,
-            n_prompt,
+            usage: Usage { n_cached: c1, .. },
+            ..
+        },
+        Event::Done {
+            usage:
+                Usage {
+                    n_cached: c2,
+                    n_prompt,
+                    ..
+                },
             ..
         },
     ) = (d1, d2)
@@ -162,7 +170,11 @@ fn prefix_cache_hot_and_cold_agree() {
     // A continuation of the same conversation reuses the shared prefix.
     let longer = format!("{long} And more.");
     let (_, _, d3) = collect(submit(&s, request(&longer, &tok, 4, 0.0, 1)));
-    let Event::Done { n_cached, .. } = d3 else {
+    let Event::Done {
+        usage: Usage { n_cached, .. },
+        ..
+    } = d3
+    else {
         unreachable!()
     };
     assert!(n_cached >= c2 - 1, "{n_cached}");
@@ -319,7 +331,13 @@ fn constrained_requests_decode_valid_json_side_by_side() {
         "bounded schemas finish well within 120 tokens: {n_stop}/8 did"
     );
     assert!(
-        matches!(collect(free).2, Event::Done { n_gen: 24, .. }),
+        matches!(
+            collect(free).2,
+            Event::Done {
+                usage: Usage { n_gen: 24, .. },
+                ..
+            }
+        ),
         "the free request is unaffected"
     );
     // Cut short by the budget: `length`, and the text is not passed off as complete JSON.
@@ -329,7 +347,7 @@ fn constrained_requests_decode_valid_json_side_by_side() {
             done,
             Event::Done {
                 finish: FinishReason::Length,
-                n_gen: 4,
+                usage: Usage { n_gen: 4, .. },
                 ..
             }
         ),

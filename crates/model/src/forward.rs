@@ -59,6 +59,7 @@ pub struct Scratch {
     pair_id: Vec<u32>,     // [T * k] pair index (t * k + slot), grouped by expert
     groups: Vec<Group>,    // [n_expert]
     expert_at: Vec<usize>, // [n_expert + 1] counting-sort offsets
+    expert_load: Vec<u64>, // [n_expert] (token, layer) routings computed per expert, since creation
     cos: Vec<f32>,         // [T, n_rot / 2]
     sin: Vec<f32>,         // [T, n_rot / 2]
     acts: QuantActs,
@@ -101,6 +102,7 @@ impl Scratch {
             pair_id: vec![0; t * k],
             groups: Vec::with_capacity(n_expert),
             expert_at: Vec::with_capacity(n_expert + 1),
+            expert_load: vec![0; n_expert],
             cos: vec![0.0; t * c.rope.n_rot / 2],
             sin: vec![0.0; t * c.rope.n_rot / 2],
             acts: QuantActs::with_capacity(t * k, widest),
@@ -114,6 +116,21 @@ impl Scratch {
     /// The largest batch these buffers hold.
     pub fn max_tokens(&self) -> usize {
         self.max_tokens
+    }
+
+    /// The logits of the last [`Model::forward`] through these buffers (`[n_out, n_vocab]`, the
+    /// rows whose logits were asked for, in batch order): the same slice it returned.
+    pub fn logits(&self) -> &[f32] {
+        let n_vocab = self.logits.len() / self.max_tokens;
+        &self.logits[..self.out_rows.len() * n_vocab]
+    }
+
+    /// Per expert, the (token, layer) routings the forward passes through these buffers computed
+    /// (MoE models; empty otherwise). Counted as a by-product of grouping tokens by expert, so
+    /// reading it changes nothing that is computed. Past the last layer's attention only the rows
+    /// whose logits are wanted run the FFN, so its routings count for those rows only.
+    pub fn expert_load(&self) -> &[u64] {
+        &self.expert_load
     }
 }
 
@@ -525,6 +542,7 @@ impl Model {
         for e in 0..ne {
             let (start, count) = (s.expert_at[e], s.expert_at[e + 1]);
             if count > 0 {
+                s.expert_load[e] += count as u64;
                 s.groups.push(Group {
                     mat: e,
                     start,

@@ -7,7 +7,15 @@
 //! A forward pass issues hundreds of small parallel steps, so hand-off latency matters: workers spin
 //! on the generation counter for a short while before parking on a condition variable, and the caller
 //! spins until the last worker is done.
+//!
+//! A task that panics (an `assert!` in a kernel, a failpoint) does not break the pool: every thread
+//! stops taking tasks of that batch, [`ThreadPool::run`] waits until no worker is inside the task
+//! closure any more (the closure borrows the caller's stack, so returning earlier would leave
+//! workers reading freed memory), and then resumes the first panic on the caller's thread. The
+//! workers survive and the pool runs the next batch normally.
 
+use std::any::Any;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -28,6 +36,10 @@ struct Shared {
     sleepers: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
+    /// A task of the current batch panicked: nobody takes further tasks of it.
+    failed: AtomicBool,
+    /// The first panic of the current batch, resumed on the caller once the batch is over.
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
 /// A fat `&dyn Fn` behind a thin pointer, so it fits an `AtomicPtr`.
@@ -55,6 +67,8 @@ impl ThreadPool {
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
+            failed: AtomicBool::new(false),
+            panic: Mutex::new(None),
         });
         let workers = (1..n_threads)
             .map(|i| {
@@ -79,19 +93,25 @@ impl ThreadPool {
     }
 
     /// Runs `f(i)` for every `i` in `0..n_tasks`, spread over the pool; returns when all are done.
+    ///
+    /// # Panics
+    /// If a task panics: the first panic is resumed here, after every thread has left `f` (the
+    /// remaining tasks of the batch are not run).
     pub fn run(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         if n_tasks == 0 {
             return;
         }
         if self.workers.is_empty() || n_tasks == 1 {
-            (0..n_tasks).for_each(f);
+            (0..n_tasks).for_each(|i| task(f, i));
             return;
         }
         // One batch at a time per pool (callers on several threads queue here).
         let _guard = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let sh = &*self.shared;
+        sh.failed.store(false, Ordering::Relaxed);
         // SAFETY: the erased borrow of `f` is only used by workers before `pending` reaches zero,
-        // and we do not return before that.
+        // and this function does not return or unwind before that: the caller's own share of the
+        // tasks runs under `catch_unwind` below, and the wait loop cannot panic.
         let f_static =
             unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(f) };
         let mut job = JobRef(f_static as *const Job);
@@ -119,16 +139,36 @@ impl ThreadPool {
             }
         }
         sh.job.store(std::ptr::null_mut(), Ordering::Relaxed);
+        let panic = sh.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = panic {
+            resume_unwind(p);
+        }
     }
 }
 
+/// One task, with the `pool::task` failpoint in front of it (tests make tasks panic with it).
+fn task(f: &(dyn Fn(usize) + Sync + '_), i: usize) {
+    fail::fail_point!("pool::task");
+    f(i);
+}
+
+/// Takes tasks of the current batch until none are left or one has panicked; a panic is recorded
+/// for [`ThreadPool::run`] to resume, never unwound through here.
 fn drain(shared: &Shared, f: &(dyn Fn(usize) + Sync + '_), n_tasks: usize) {
-    loop {
+    let run = catch_unwind(AssertUnwindSafe(|| loop {
+        if shared.failed.load(Ordering::Relaxed) {
+            break;
+        }
         let i = shared.next.fetch_add(1, Ordering::Relaxed);
         if i >= n_tasks {
             break;
         }
-        f(i);
+        task(f, i);
+    }));
+    if let Err(p) = run {
+        shared.failed.store(true, Ordering::Relaxed);
+        let mut first = shared.panic.lock().unwrap_or_else(|e| e.into_inner());
+        first.get_or_insert(p);
     }
 }
 
@@ -244,6 +284,32 @@ mod tests {
                     sum.fetch_add(i as u64 + 1, Ordering::Relaxed);
                 });
                 assert_eq!(sum.into_inner(), (n * (n + 1) / 2) as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn a_panicking_task_reaches_the_caller_and_the_pool_goes_on() {
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads);
+            for bad in [0usize, 5, 63] {
+                let done = AtomicU64::new(0);
+                let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    pool.run(64, &|i| {
+                        assert!(i != bad, "task {i} fails");
+                        done.fetch_add(1, Ordering::Relaxed);
+                    })
+                }));
+                let msg = r.expect_err("the panic is propagated");
+                let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+                assert_eq!(msg, format!("task {bad} fails"));
+                assert!(done.load(Ordering::Relaxed) < 64);
+                // The next batch runs every task.
+                let sum = AtomicU64::new(0);
+                pool.run(100, &|i| {
+                    sum.fetch_add(i as u64, Ordering::Relaxed);
+                });
+                assert_eq!(sum.into_inner(), 4950);
             }
         }
     }
