@@ -1,38 +1,73 @@
-//! Anthropic: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
+//! Anthropic: `POST /v1/messages` and `POST /v1/messages/count_tokens` (also with `?beta=true`), as
+//! current clients such as Claude Code send them.
 //!
-//! Requests are converted to the OpenAI-style messages chat templates read: `system` becomes a
-//! system message, `tool_use` blocks become `tool_calls`, `tool_result` blocks become `tool`
-//! messages, `thinking` blocks become `reasoning_content`. Replies are content blocks (`thinking`,
-//! `text`, `tool_use`); streamed, they follow the Messages event sequence: `message_start`, then per
-//! block `content_block_start` / `content_block_delta`… / `content_block_stop`, then
-//! `message_delta` (stop reason, output tokens) and `message_stop`.
+//! Requests become the OpenAI-style messages chat templates read: `system` (a string or text
+//! blocks) becomes the first system message, and `{"role": "system"}` messages inside `messages`
+//! stay where they stand (the pipeline merges them into the first one, in order, for templates that
+//! reject or drop a system message after the start). `tool_use` blocks become `tool_calls`,
+//! `tool_result` blocks become `tool` messages, `thinking` blocks become `reasoning_content`;
+//! several text blocks of one message are joined with a blank line. Per-request metadata that is
+//! not meant for the model is not rendered: Claude Code's `x-anthropic-billing-header: ...` system
+//! block (it carries a per-request nonce, which would break the prefix cache of every turn).
+//! `thinking` `enabled` or `adaptive` turns the template's thinking on, `disabled` off; with
+//! `display: "omitted"` the reply carries no thinking blocks. Fields Hearth has no use for
+//! (`metadata`, `context_management`, `output_config`, `cache_control`, ...) are ignored, and so are
+//! block types it does not know (with a warning); `image` and `document` blocks are refused with a
+//! 400, as the model reads text only.
+//!
+//! Replies are content blocks (`thinking`, `text`, `tool_use`). Streamed, they follow the Messages
+//! event sequence: `message_start`, then per block `content_block_start`, its deltas
+//! (`thinking_delta`, `text_delta`, `input_json_delta`) and `content_block_stop`, with a `ping` after
+//! the first block opens (and every 15 s while nothing else is sent), then `message_delta` (stop
+//! reason, stop sequence, usage) and `message_stop`. No `signature_delta` is sent: Hearth does not
+//! sign its thinking.
+
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hearth_engine::{Event, FinishReason, Request};
+use hearth_engine::FinishReason;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::error::{Api, ApiError};
-use crate::gen::{self, ChunkTx, Sampling};
-use crate::parse::{Delta, Parsed, StreamParser};
-use crate::state::{AppState, Loaded};
-use crate::structured::{self, ToolForce};
-
-const API: Api = Api::Anthropic;
+use crate::fields::{self, Sampling};
+use crate::parse::Delta;
+use crate::pipeline::{self, GenRequest, Piece, PromptInput, Whole};
+use crate::state::AppState;
+use crate::stream::{self, Frames, Render};
+use crate::structured;
 
 /// `thinking`.
-#[derive(Deserialize, Debug)]
+#[derive(Deserialize, Debug, Clone)]
 pub struct Thinking {
-    /// `enabled` or `disabled`.
+    /// `enabled`, `adaptive` or `disabled`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// `summarized` (default) or `omitted`.
+    pub display: Option<String>,
 }
 
-/// The fields of a Messages request that Hearth reads.
+impl Thinking {
+    fn on(&self) -> Result<bool, ApiError> {
+        match self.kind.as_str() {
+            "enabled" | "adaptive" => Ok(true),
+            "disabled" => Ok(false),
+            other => Err(ApiError::bad_request(format!(
+                "thinking.type: must be \"enabled\", \"adaptive\" or \"disabled\", got \"{other}\""
+            ))),
+        }
+    }
+
+    fn shown(&self) -> bool {
+        self.display.as_deref() != Some("omitted")
+    }
+}
+
+/// The fields of a Messages request that Hearth reads (others are ignored).
 #[derive(Deserialize, Debug)]
 pub struct MessagesRequest {
     /// Echoed back.
@@ -64,60 +99,106 @@ pub struct MessagesRequest {
 /// The fields of a count_tokens request.
 #[derive(Deserialize, Debug)]
 pub struct CountRequest {
-    /// Ignored.
-    pub model: Option<String>,
     /// The conversation.
     pub messages: Vec<Value>,
     /// System prompt.
     pub system: Option<Value>,
     /// Tools.
     pub tools: Option<Vec<Value>>,
+    /// `{"type": "none"}` hides the tools.
+    pub tool_choice: Option<Value>,
     /// Thinking.
     pub thinking: Option<Thinking>,
 }
 
-fn text_of(v: &Value) -> Result<String, ApiError> {
-    gen::content_text(API, Some(v))
+/// The prefix of Claude Code's per-request billing block in `system`: metadata, not prompt.
+const BILLING_HEADER: &str = "x-anthropic-billing-header:";
+
+/// Text of a content value (a string or blocks), text blocks joined with a blank line. `where_`
+/// names the field in errors.
+fn text_of(v: &Value, where_: &str) -> Result<String, ApiError> {
+    let blocks = match v {
+        Value::Null => return Ok(String::new()),
+        Value::String(s) => return Ok(s.clone()),
+        Value::Array(b) => b,
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "{where_}: must be a string or a list of blocks"
+            )))
+        }
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    for b in blocks {
+        match b.get("type").and_then(Value::as_str) {
+            Some("text") => {
+                let t = b.get("text").and_then(Value::as_str).unwrap_or("");
+                if !t.starts_with(BILLING_HEADER) {
+                    parts.push(t);
+                }
+            }
+            Some(t @ ("image" | "document")) => {
+                return Err(ApiError::bad_request(format!(
+                    "{where_}: `{t}` blocks are not supported: this model accepts text only"
+                )))
+            }
+            other => ignore_block(other, where_),
+        }
+    }
+    Ok(parts.join("\n\n"))
+}
+
+fn ignore_block(kind: Option<&str>, where_: &str) {
+    tracing::warn!(
+        "ignoring a `{}` block in {where_}: Hearth does not read it",
+        kind.unwrap_or("untyped")
+    );
 }
 
 /// Converts Anthropic messages (and `system`) to template messages.
 fn to_messages(system: Option<&Value>, raw: &[Value]) -> Result<Vec<Value>, ApiError> {
     let mut out = Vec::new();
     if let Some(s) = system {
-        out.push(json!({"role": "system", "content": text_of(s)?}));
+        let text = text_of(s, "system")?;
+        if !text.is_empty() {
+            out.push(json!({"role": "system", "content": text}));
+        }
     }
     for (i, m) in raw.iter().enumerate() {
-        let role = m.get("role").and_then(Value::as_str);
-        let role = match role {
-            Some(r @ ("user" | "assistant")) => r,
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some(r @ ("user" | "assistant" | "system")) => r,
             _ => {
-                return Err(ApiError::bad_request(
-                    API,
-                    format!("messages.{i}.role: must be \"user\" or \"assistant\""),
-                ))
+                return Err(ApiError::bad_request(format!(
+                    "messages.{i}.role: must be \"user\", \"assistant\" or \"system\""
+                )))
             }
         };
+        let where_ = format!("messages.{i}.content");
         let content = m.get("content").unwrap_or(&Value::Null);
         let blocks = match content {
             Value::String(s) => {
                 out.push(json!({"role": role, "content": s}));
                 continue;
             }
-            Value::Array(b) => b,
+            Value::Array(b) if role != "system" => b,
+            Value::Array(_) => {
+                out.push(json!({"role": "system", "content": text_of(content, &where_)?}));
+                continue;
+            }
             _ => {
-                return Err(ApiError::bad_request(
-                    API,
-                    format!("messages.{i}.content: must be a string or a list of blocks"),
-                ))
+                return Err(ApiError::bad_request(format!(
+                    "{where_}: must be a string or a list of blocks"
+                )))
             }
         };
-        let mut text = String::new();
+        let mut text: Vec<String> = Vec::new();
         let mut reasoning = String::new();
         let mut calls = Vec::new();
         let mut results = Vec::new();
         for b in blocks {
             match b.get("type").and_then(Value::as_str) {
-                Some("text") => text.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
+                Some("text") => {
+                    text.push(b.get("text").and_then(Value::as_str).unwrap_or("").into())
+                }
                 Some("thinking") => {
                     reasoning.push_str(b.get("thinking").and_then(Value::as_str).unwrap_or(""))
                 }
@@ -133,7 +214,7 @@ fn to_messages(system: Option<&Value>, raw: &[Value]) -> Result<Vec<Value>, ApiE
                 Some("tool_result") => {
                     let c = match b.get("content") {
                         None => String::new(),
-                        Some(v) => text_of(v)?,
+                        Some(v) => text_of(v, &format!("{where_}.tool_result"))?,
                     };
                     results.push(json!({
                         "role": "tool",
@@ -141,21 +222,18 @@ fn to_messages(system: Option<&Value>, raw: &[Value]) -> Result<Vec<Value>, ApiE
                         "content": c,
                     }));
                 }
-                Some("image" | "document") => {
-                    return Err(ApiError::bad_request(API, "this model accepts text only"))
+                Some(t @ ("image" | "document")) => {
+                    return Err(ApiError::bad_request(format!(
+                        "{where_}: `{t}` blocks are not supported: this model accepts text only"
+                    )))
                 }
-                _ => {
-                    return Err(ApiError::bad_request(
-                        API,
-                        format!("messages.{i}.content: unknown block type"),
-                    ))
-                }
+                other => ignore_block(other, &where_),
             }
         }
         // Tool results answer the previous assistant turn; they go first, as the template expects.
         out.extend(results);
         if !text.is_empty() || !calls.is_empty() || !reasoning.is_empty() {
-            let mut msg = json!({"role": role, "content": text});
+            let mut msg = json!({"role": role, "content": text.join("\n\n")});
             if !reasoning.is_empty() {
                 msg["reasoning_content"] = Value::String(reasoning);
             }
@@ -187,14 +265,6 @@ fn to_tools(tools: Option<Vec<Value>>, choice: Option<&Value>) -> Option<Vec<Val
     (!t.is_empty()).then_some(t)
 }
 
-fn kwargs(thinking: Option<&Thinking>) -> Map<String, Value> {
-    let mut k = Map::new();
-    if let Some(t) = thinking {
-        k.insert("enable_thinking".into(), Value::Bool(t.kind == "enabled"));
-    }
-    k
-}
-
 fn stop_reason(finish: FinishReason, tools: bool, stop: &Option<String>) -> &'static str {
     match finish {
         FinishReason::Length => "max_tokens",
@@ -208,100 +278,93 @@ fn parse_input(args: &str) -> Value {
     serde_json::from_str(args).unwrap_or_else(|_| json!({}))
 }
 
+/// Anthropic spells tool-use ids `toolu_…`; the parser's ids are OpenAI's `call_…`.
+fn tool_use_id(call_id: &str) -> String {
+    format!("toolu_{}", call_id.strip_prefix("call_").unwrap_or(call_id))
+}
+
 /// `POST /v1/messages`.
 pub async fn messages(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: MessagesRequest = gen::parse_body(API, body)?;
-    let l = state.loaded(API)?;
-    let max_tokens = gen::max_tokens(API, "max_tokens", req.max_tokens)?;
-    let sampling = Sampling {
-        temperature: req.temperature,
-        top_p: req.top_p,
-        top_k: req.top_k,
-        ..Sampling::default()
-    };
-    let sampler = sampling.config(API, 0)?;
-    let seed = sampler.seed;
-    let msgs = to_messages(req.system.as_ref(), &req.messages)?;
-    let force = structured::anthropic_tool_force(req.tool_choice.as_ref())?;
-    let tool_spec = match &force {
-        ToolForce::None => None,
-        _ => structured::tool_spec(&l, API, req.tools.as_deref().unwrap_or(&[]), &force)?,
-    };
-    let constraint = tool_spec
-        .as_ref()
-        .map(|s| structured::compile(&l, API, structured::param_of(s, API), s))
-        .transpose()?;
-    let tools = to_tools(req.tools, req.tool_choice.as_ref());
-    let mut kw = kwargs(req.thinking.as_ref());
-    if constraint.is_some() {
-        kw = structured::no_thinking(kw);
-    }
-    let prompt = gen::chat_prompt(&l, API, msgs, tools.clone(), kw)?;
-    let constrained = constraint.is_some();
-    let stops: Vec<String> = req
-        .stop_sequences
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|s| !s.is_empty())
-        .collect();
-    let rx = gen::submit(
-        &l,
-        API,
-        Request {
-            prompt: prompt.ids.clone(),
-            max_tokens,
-            sampler,
-            stop: stops.clone(),
-            logprobs: None,
-            constraint,
+    let req: MessagesRequest = fields::parse_body(body)?;
+    let l = state.loaded()?;
+    let thinking = req.thinking.as_ref().map(Thinking::on).transpose()?;
+    let show_thinking = req.thinking.as_ref().is_none_or(Thinking::shown);
+    let gen = GenRequest {
+        thinking,
+        sampling: Sampling {
+            temperature: req.temperature,
+            top_p: req.top_p,
+            top_k: req.top_k,
+            ..Sampling::default()
         },
-    )?;
-    let tools_v = tools.map(Value::Array);
-    let mut parser = StreamParser::new(gen::parser_config(
-        &l,
-        tools_v.as_ref(),
-        prompt.in_think,
-        constrained,
-        seed,
-    ));
+        max_tokens: fields::max_tokens("max_tokens", req.max_tokens)?,
+        stop: req
+            .stop_sequences
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect(),
+        tool_force: structured::anthropic_tool_force(req.tool_choice.as_ref())?,
+        ..GenRequest::new(PromptInput::Chat {
+            messages: to_messages(req.system.as_ref(), &req.messages)?,
+            tools: to_tools(req.tools, req.tool_choice.as_ref()),
+            kwargs: Map::new(),
+        })
+    };
+    let (mut replies, n_prompt) = pipeline::start(l.clone(), gen).await?;
     let model = req.model.unwrap_or_else(|| l.info().alias.clone());
-    let id = gen::new_id("msg_");
-    let n_prompt = prompt.ids.len();
-
+    let id = fields::new_id("msg_");
     if req.stream.unwrap_or(false) {
-        let (tx, resp) = gen::stream_response("text/event-stream");
-        tokio::spawn(stream(l, tx, rx, parser, id, model, n_prompt, stops));
-        return Ok(resp);
+        let render = MessageStream {
+            id,
+            model,
+            n_prompt,
+            show_thinking,
+            open: None,
+            index: 0,
+            pinged: false,
+        };
+        let cfg = state.config().stream;
+        return Ok(stream::respond("text/event-stream", render, replies, cfg));
     }
-    let out = gen::collect(API, rx).await?;
-    let mut deltas = parser.push(&out.text);
-    deltas.extend(parser.finish());
-    let parsed = Parsed::from_deltas(deltas);
+    let reply = replies
+        .pop()
+        .ok_or_else(|| ApiError::internal("no reply"))?;
+    let w = reply.fold().await?;
+    Ok(Json(message_json(&w, &id, &model, show_thinking)).into_response())
+}
+
+/// A whole reply as a `message` object.
+fn message_json(w: &Whole, id: &str, model: &str, show_thinking: bool) -> Value {
     let mut content = Vec::new();
-    if let Some(r) = parsed.reasoning {
+    if let Some(r) = w.reasoning.as_ref().filter(|_| show_thinking) {
         content.push(json!({"type": "thinking", "thinking": r, "signature": ""}));
     }
-    if !parsed.content.is_empty() {
-        content.push(json!({"type": "text", "text": parsed.content}));
+    if !w.content.is_empty() {
+        content.push(json!({"type": "text", "text": w.content}));
     }
-    for c in &parsed.tool_calls {
+    for c in &w.tool_calls {
         content.push(json!({"type": "tool_use", "id": tool_use_id(&c.id), "name": c.name, "input": parse_input(&c.arguments)}));
     }
-    let stop = gen::matched_stop(&l, &out, &stops);
-    Ok(Json(json!({
+    let u = &w.usage;
+    json!({
         "id": id,
         "type": "message",
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": stop_reason(out.finish, !parsed.tool_calls.is_empty(), &stop),
-        "stop_sequence": stop,
-        "usage": {"input_tokens": out.n_prompt, "output_tokens": out.n_gen, "cache_read_input_tokens": out.n_cached, "cache_creation_input_tokens": 0},
-    }))
-    .into_response())
+        "stop_reason": stop_reason(w.finish, !w.tool_calls.is_empty(), &w.stop),
+        "stop_sequence": w.stop,
+        "usage": {
+            "input_tokens": u.n_prompt - u.n_cached,
+            "output_tokens": u.n_gen,
+            "cache_read_input_tokens": u.n_cached,
+            "cache_creation_input_tokens": 0,
+        },
+    })
 }
 
 /// The kind of the content block being streamed.
@@ -312,211 +375,162 @@ enum Block {
     Tool(usize),
 }
 
-struct BlockWriter<'a> {
-    tx: &'a ChunkTx,
-    open: Option<Block>,
-    index: usize,
-    tools: bool,
-}
-
-impl BlockWriter<'_> {
-    fn send(&self, event: &str, data: Value) -> bool {
-        gen::sse(self.tx, Some(event), &data)
-    }
-
-    fn close(&mut self) -> bool {
-        if let Some(b) = self.open.take() {
-            if b == Block::Thinking
-                && !self.send("content_block_delta", json!({"type": "content_block_delta", "index": self.index, "delta": {"type": "signature_delta", "signature": ""}}))
-            {
-                return false;
-            }
-            if !self.send(
-                "content_block_stop",
-                json!({"type": "content_block_stop", "index": self.index}),
-            ) {
-                return false;
-            }
-            self.index += 1;
-        }
-        true
-    }
-
-    fn open(&mut self, b: Block, start: Value) -> bool {
-        if self.open == Some(b) {
-            return true;
-        }
-        if !self.close() {
-            return false;
-        }
-        self.open = Some(b);
-        self.send(
-            "content_block_start",
-            json!({"type": "content_block_start", "index": self.index, "content_block": start}),
-        )
-    }
-
-    fn delta(&mut self, d: Delta) -> bool {
-        let idx = self.index;
-        match d {
-            Delta::Reasoning(s) => {
-                self.open(Block::Thinking, json!({"type": "thinking", "thinking": "", "signature": ""}))
-                    && self.send("content_block_delta", json!({"type": "content_block_delta", "index": self.index, "delta": {"type": "thinking_delta", "thinking": s}}))
-            }
-            Delta::Content(s) => {
-                if s.is_empty() {
-                    return true;
-                }
-                self.open(Block::Text, json!({"type": "text", "text": ""}))
-                    && self.send("content_block_delta", json!({"type": "content_block_delta", "index": self.index, "delta": {"type": "text_delta", "text": s}}))
-            }
-            Delta::ToolCallStart { index, id, name } => {
-                self.tools = true;
-                self.open(Block::Tool(index), json!({"type": "tool_use", "id": tool_use_id(&id), "name": name, "input": {}}))
-            }
-            Delta::ToolCallArgs { index, fragment } => {
-                if self.open != Some(Block::Tool(index)) {
-                    return true;
-                }
-                self.send("content_block_delta", json!({"type": "content_block_delta", "index": idx, "delta": {"type": "input_json_delta", "partial_json": fragment}}))
-            }
-            Delta::ToolCallEnd { index } => {
-                if self.open == Some(Block::Tool(index)) {
-                    self.close()
-                } else {
-                    true
-                }
-            }
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn stream(
-    l: std::sync::Arc<Loaded>,
-    tx: ChunkTx,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
-    mut parser: StreamParser,
+/// The Messages event sequence of one reply.
+struct MessageStream {
     id: String,
     model: String,
     n_prompt: usize,
-    stops: Vec<String>,
-) {
-    let start = json!({"type": "message_start", "message": {
-        "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
-        "stop_reason": null, "stop_sequence": null,
-        "usage": {"input_tokens": n_prompt, "output_tokens": 0},
-    }});
-    if !gen::sse(&tx, Some("message_start"), &start)
-        || !gen::sse(&tx, Some("ping"), &json!({"type": "ping"}))
-    {
-        return;
+    show_thinking: bool,
+    open: Option<Block>,
+    index: usize,
+    pinged: bool,
+}
+
+impl MessageStream {
+    fn close(&mut self, out: &mut Frames) {
+        if self.open.take().is_some() {
+            out.sse(
+                Some("content_block_stop"),
+                &json!({"type": "content_block_stop", "index": self.index}),
+            );
+            self.index += 1;
+        }
     }
-    let mut w = BlockWriter {
-        tx: &tx,
-        open: None,
-        index: 0,
-        tools: false,
-    };
-    let mut tokens = Vec::new();
-    let mut text = String::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Token {
-                id,
-                text: t,
-                logprob,
-            } => {
-                text.push_str(&t);
-                tokens.push(gen::Token {
-                    id,
-                    text: t.clone(),
-                    logprob,
-                });
-                for d in parser.push(&t) {
-                    if !w.delta(d) {
-                        return;
-                    }
+
+    fn open(&mut self, b: Block, start: Value, out: &mut Frames) {
+        if self.open == Some(b) {
+            return;
+        }
+        self.close(out);
+        self.open = Some(b);
+        out.sse(
+            Some("content_block_start"),
+            &json!({"type": "content_block_start", "index": self.index, "content_block": start}),
+        );
+        self.ping_once(out);
+    }
+
+    /// Anthropic sends a `ping` after the first block opens.
+    fn ping_once(&mut self, out: &mut Frames) {
+        if !self.pinged {
+            self.pinged = true;
+            out.sse(Some("ping"), &json!({"type": "ping"}));
+        }
+    }
+
+    fn delta(&mut self, delta: Value, out: &mut Frames) {
+        out.sse(
+            Some("content_block_delta"),
+            &json!({"type": "content_block_delta", "index": self.index, "delta": delta}),
+        );
+    }
+
+    fn push(&mut self, d: &Delta, out: &mut Frames) {
+        match d {
+            Delta::Reasoning(s) => {
+                if self.show_thinking {
+                    let start = json!({"type": "thinking", "thinking": "", "signature": ""});
+                    self.open(Block::Thinking, start, out);
+                    self.delta(json!({"type": "thinking_delta", "thinking": s}), out);
                 }
             }
-            Event::Done {
-                finish,
-                text: t,
-                n_prompt,
-                n_cached,
-                n_gen,
-            } => {
-                text.push_str(&t);
-                let mut ds = parser.push(&t);
-                ds.extend(parser.finish());
-                for d in ds {
-                    if !w.delta(d) {
-                        return;
-                    }
+            Delta::Content(s) => {
+                if !s.is_empty() {
+                    self.open(Block::Text, json!({"type": "text", "text": ""}), out);
+                    self.delta(json!({"type": "text_delta", "text": s}), out);
                 }
-                if !w.close() {
-                    return;
-                }
-                let out = gen::Output {
-                    text: std::mem::take(&mut text),
-                    tokens: std::mem::take(&mut tokens),
-                    finish,
-                    n_prompt,
-                    n_cached,
-                    n_gen,
-                };
-                let stop = gen::matched_stop(&l, &out, &stops);
-                let md = json!({"type": "message_delta",
-                    "delta": {"stop_reason": stop_reason(finish, w.tools, &stop), "stop_sequence": stop},
-                    "usage": {"output_tokens": n_gen}});
-                if gen::sse(&tx, Some("message_delta"), &md) {
-                    let _ = gen::sse(&tx, Some("message_stop"), &json!({"type": "message_stop"}));
-                }
-                return;
             }
-            Event::Error(e) => {
-                let _ = gen::sse(&tx, Some("error"), &ApiError::internal(API, e).body());
-                return;
+            Delta::ToolCallStart { index, id, name } => {
+                let start =
+                    json!({"type": "tool_use", "id": tool_use_id(id), "name": name, "input": {}});
+                self.open(Block::Tool(*index), start, out);
+            }
+            Delta::ToolCallArgs { index, fragment } => {
+                if self.open == Some(Block::Tool(*index)) {
+                    self.delta(
+                        json!({"type": "input_json_delta", "partial_json": fragment}),
+                        out,
+                    );
+                }
+            }
+            Delta::ToolCallEnd { index } => {
+                if self.open == Some(Block::Tool(*index)) {
+                    self.close(out);
+                }
             }
         }
     }
 }
 
-/// `POST /v1/messages/count_tokens`: the prompt's token count as the template renders it.
+impl Render for MessageStream {
+    fn open(&mut self, out: &mut Frames) {
+        out.sse(
+            Some("message_start"),
+            &json!({"type": "message_start", "message": {
+                "id": self.id, "type": "message", "role": "assistant", "model": self.model,
+                "content": [], "stop_reason": null, "stop_sequence": null,
+                "usage": {"input_tokens": self.n_prompt, "output_tokens": 0},
+            }}),
+        );
+    }
+
+    fn piece(&mut self, _choice: usize, piece: &Piece, out: &mut Frames) {
+        match piece {
+            Piece::Token { deltas, .. } => deltas.iter().for_each(|d| self.push(d, out)),
+            Piece::Done(end) => {
+                end.deltas.iter().for_each(|d| self.push(d, out));
+                self.close(out);
+                self.ping_once(out);
+                let u = &end.usage;
+                out.sse(
+                    Some("message_delta"),
+                    &json!({"type": "message_delta",
+                        "delta": {"stop_reason": stop_reason(end.finish, end.tool_calls, &end.stop), "stop_sequence": end.stop},
+                        "usage": {
+                            "input_tokens": u.n_prompt - u.n_cached,
+                            "output_tokens": u.n_gen,
+                            "cache_read_input_tokens": u.n_cached,
+                            "cache_creation_input_tokens": 0,
+                        }}),
+                );
+                out.sse(Some("message_stop"), &json!({"type": "message_stop"}));
+            }
+            Piece::Error(_) => {}
+        }
+    }
+
+    fn keepalive(&mut self, out: &mut Frames) {
+        out.sse(Some("ping"), &json!({"type": "ping"}));
+    }
+
+    fn keepalive_every(&self) -> Option<Duration> {
+        Some(Duration::from_secs(15))
+    }
+
+    fn fail(&mut self, err: &ApiError, out: &mut Frames) {
+        out.sse(Some("error"), &err.body(Api::Anthropic));
+    }
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's token count as the template renders it, for the
+/// same request shapes as `/v1/messages` (the context size is not checked: the caller wants to know
+/// how big the prompt is).
 pub async fn count_tokens(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: CountRequest = gen::parse_body(API, body)?;
-    let l = state.loaded(API)?;
-    let msgs = to_messages(req.system.as_ref(), &req.messages)?;
-    let tools = to_tools(req.tools, None);
-    let _ = req.model;
-    // count_tokens does not check the context size: the caller wants to know how big it is.
-    let input = hearth_tokenizer::template::ChatInput {
-        messages: msgs,
-        tools,
-        add_generation_prompt: true,
-        kwargs: kwargs(req.thinking.as_ref()),
-        bos_token: l
-            .tok()
-            .bos_id()
-            .map(|i| l.tok().token_text(i).to_string())
-            .unwrap_or_default(),
-        eos_token: l
-            .tok()
-            .eos_id()
-            .map(|i| l.tok().token_text(i).to_string())
-            .unwrap_or_default(),
-    };
-    let ids = l
-        .encoder
-        .prompt(l.tok(), &l.template, &input)
-        .map_err(|e| ApiError::bad_request(API, e.to_string()))?;
-    Ok(Json(json!({"input_tokens": ids.len()})).into_response())
-}
-
-/// Anthropic spells tool-use ids `toolu_…`; the parser's ids are OpenAI's `call_…`.
-fn tool_use_id(call_id: &str) -> String {
-    format!("toolu_{}", call_id.strip_prefix("call_").unwrap_or(call_id))
+    let req: CountRequest = fields::parse_body(body)?;
+    let l = state.loaded()?;
+    let messages = to_messages(req.system.as_ref(), &req.messages)?;
+    let tools = to_tools(req.tools, req.tool_choice.as_ref());
+    let mut kwargs = Map::new();
+    if let Some(t) = &req.thinking {
+        kwargs.insert("enable_thinking".into(), Value::Bool(t.on()?));
+    }
+    let n = tokio::task::spawn_blocking(move || {
+        pipeline::chat_prompt(&l, messages, tools, kwargs).map(|(ids, _)| ids.len())
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("counting tokens failed: {e}")))??;
+    Ok(Json(json!({"input_tokens": n})).into_response())
 }

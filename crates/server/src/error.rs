@@ -1,5 +1,5 @@
-//! The one error type of the server. It knows which API the request came through and renders
-//! itself in that API's error shape, with the status code the failure calls for.
+//! The one error type of the server: a status and a message, written in the error shape of the API
+//! a request came through (the path decides, once, in the router).
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 /// The API family a request belongs to; decides the shape of its error bodies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Api {
-    /// OpenAI (`/v1/chat/completions`, `/v1/completions`, `/v1/models`) and the utility endpoints:
-    /// `{"error": {"message", "type", "param", "code"}}`.
+    /// OpenAI (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/models`) and the
+    /// utility endpoints: `{"error": {"message", "type", "param", "code"}}`.
     OpenAi,
     /// Anthropic (`/v1/messages`): `{"type": "error", "error": {"type", "message"}}`.
     Anthropic,
@@ -18,12 +18,13 @@ pub enum Api {
     Ollama,
 }
 
-/// A failed request: status, message and the API whose shape the body takes.
+/// A failed request: status and message. It does not know its API: a handler returns it, and the
+/// router's [`shape_errors`](crate::shape_errors) layer writes it in the error shape of the API the
+/// request's path belongs to; inside a stream, the renderer asks for [`ApiError::body`] in its own
+/// API's shape.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{status}: {message}")]
 pub struct ApiError {
-    /// Whose error shape to use.
-    pub api: Api,
     /// HTTP status.
     pub status: StatusCode,
     /// Human-readable message.
@@ -36,9 +37,8 @@ pub struct ApiError {
 
 impl ApiError {
     /// An error with the given status.
-    pub fn new(api: Api, status: StatusCode, message: impl Into<String>) -> ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError {
-            api,
             status,
             message: message.into(),
             param: None,
@@ -47,59 +47,64 @@ impl ApiError {
     }
 
     /// 400: the request is malformed or a value is out of range.
-    pub fn bad_request(api: Api, message: impl Into<String>) -> ApiError {
-        ApiError::new(api, StatusCode::BAD_REQUEST, message)
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
     }
 
     /// 400 naming the field at fault.
-    pub fn invalid_param(api: Api, param: &str, message: impl Into<String>) -> ApiError {
+    pub fn invalid_param(param: &str, message: impl Into<String>) -> ApiError {
         ApiError {
             param: Some(param.to_string()),
-            ..ApiError::bad_request(api, message)
+            ..ApiError::bad_request(message)
         }
     }
 
     /// 401: missing or wrong API key.
-    pub fn unauthorized(api: Api, message: impl Into<String>) -> ApiError {
-        ApiError::new(api, StatusCode::UNAUTHORIZED, message)
+    pub fn unauthorized(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, message)
     }
 
-    /// 404: no such endpoint.
-    pub fn not_found(api: Api, message: impl Into<String>) -> ApiError {
-        ApiError::new(api, StatusCode::NOT_FOUND, message)
+    /// 404: no such endpoint or object.
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, message)
     }
 
     /// 503 while the model loads.
-    pub fn loading(api: Api) -> ApiError {
+    pub fn loading() -> ApiError {
         ApiError {
             retry_after: Some(1),
-            ..ApiError::new(api, StatusCode::SERVICE_UNAVAILABLE, "the model is loading")
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the model is loading")
         }
     }
 
+    /// 503: the server cannot take the request now.
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)
+    }
+
     /// 500: the backend failed after accepting the request.
-    pub fn internal(api: Api, message: impl Into<String>) -> ApiError {
-        ApiError::new(api, StatusCode::INTERNAL_SERVER_ERROR, message)
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
     }
 
     /// The HTTP answer to a refused submission.
-    pub fn from_submit(api: Api, e: SubmitError) -> ApiError {
+    pub fn from_submit(e: SubmitError) -> ApiError {
         let msg = e.to_string();
         match e {
             SubmitError::QueueFull { .. } => ApiError {
                 retry_after: Some(1),
-                ..ApiError::new(api, StatusCode::SERVICE_UNAVAILABLE, msg)
+                ..ApiError::unavailable(msg)
             },
-            SubmitError::ShuttingDown => ApiError::new(api, StatusCode::SERVICE_UNAVAILABLE, msg),
+            SubmitError::ShuttingDown | SubmitError::Unavailable(_) => ApiError::unavailable(msg),
             SubmitError::PromptTooLong { .. } | SubmitError::Invalid(_) => {
-                ApiError::bad_request(api, msg)
+                ApiError::bad_request(msg)
             }
         }
     }
 
     /// A JSON body that did not parse or has a wrong type.
-    pub fn from_json(api: Api, e: &serde_json::Error) -> ApiError {
-        ApiError::bad_request(api, format!("invalid request body: {e}"))
+    pub fn from_json(e: &serde_json::Error) -> ApiError {
+        ApiError::bad_request(format!("invalid request body: {e}"))
     }
 
     /// The `type` of an OpenAI error.
@@ -126,9 +131,9 @@ impl ApiError {
         }
     }
 
-    /// The body of this error in its API's shape.
-    pub fn body(&self) -> Value {
-        match self.api {
+    /// The body of this error in `api`'s shape.
+    pub fn body(&self, api: Api) -> Value {
+        match api {
             Api::OpenAi => {
                 let code = match self.status.as_u16() {
                     401 => Value::from("invalid_api_key"),
@@ -150,15 +155,31 @@ impl ApiError {
             Api::Ollama => json!({"error": self.message}),
         }
     }
+
+    /// The whole response in `api`'s shape.
+    pub fn response(&self, api: Api) -> Response {
+        let mut resp = (self.status, axum::Json(self.body(api))).into_response();
+        let headers = resp.headers_mut();
+        if let Some(s) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            // RFC 9110 §11.6.1: a 401 names the scheme the client should use.
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"hearth\""),
+            );
+        }
+        resp
+    }
 }
 
 impl IntoResponse for ApiError {
+    /// The OpenAI shape, with the error attached so that [`crate::shape_errors`] can write it in
+    /// the shape of the API the path belongs to.
     fn into_response(self) -> Response {
-        let mut resp = (self.status, axum::Json(self.body())).into_response();
-        if let Some(s) = self.retry_after {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(s));
-        }
+        let mut resp = self.response(Api::OpenAi);
+        resp.extensions_mut().insert(self);
         resp
     }
 }

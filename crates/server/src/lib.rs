@@ -4,14 +4,17 @@
 //! Layout:
 //! - [`app`] builds the [`axum::Router`] from an [`AppState`]; `main` only binds a socket, so tests
 //!   drive the whole HTTP stack in memory with `app(state).oneshot(request)`.
-//! - [`error::ApiError`] is the one error type; it renders itself in the error shape of the API the
-//!   request came through (OpenAI `{"error": {..}}`, Anthropic `{"type": "error", ..}`, Ollama
-//!   `{"error": ".."}`).
-//! - [`gen`] is what every generating endpoint shares: chat prompts through the template, sampling
-//!   parameters and their validation, submitting to the backend and bridging its sink to tokio.
-//! - [`openai`], [`anthropic`], [`ollama`] and [`util`] hold each API's wire types and handlers;
-//!   the reply text goes through [`parse::StreamParser`] (reasoning and tool calls) the same way
-//!   streamed or not.
+//! - [`error::ApiError`] is the one error type; the router writes it in the error shape of the API
+//!   the path belongs to (OpenAI `{"error": {..}}`, Anthropic `{"type": "error", ..}`, Ollama
+//!   `{"error": ".."}`), so handlers never carry "which API" around.
+//! - [`pipeline`] is the one path every generating endpoint takes: the wire request becomes a
+//!   [`pipeline::GenRequest`]; `prepare` (validation, constraint compilation, the thinking switch,
+//!   template and tokenization, on the blocking pool) turns it into engine requests; each choice
+//!   comes back as a neutral [`pipeline::Reply`] stream (text, reasoning and tool-call deltas from
+//!   [`parse::StreamParser`], log-probabilities, the finish).
+//! - [`openai`], [`anthropic`], [`ollama`] are thin renderers of that stream: [`stream`] drives the
+//!   streamed form (with write timeouts), and a whole reply is the same stream folded.
+//!   [`fields`] holds the request fields they share; [`util`] the utility endpoints.
 //! - [`structured`] turns `response_format`, `grammar`, Ollama's `format` and forced tool choices
 //!   into one compiled grammar that the engine's sampler follows.
 //! - [`metrics`] counts requests for `/metrics`; [`scripted`] is a backend that plays fixed text,
@@ -21,13 +24,16 @@
 
 pub mod anthropic;
 pub mod error;
-pub mod gen;
+pub mod fields;
+pub mod listen;
 pub mod metrics;
 pub mod ollama;
 pub mod openai;
 pub mod parse;
+pub mod pipeline;
 pub mod scripted;
 pub mod state;
+pub mod stream;
 pub mod structured;
 pub mod util;
 
@@ -66,6 +72,7 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(util::metrics))
         .fallback(util::not_found)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn(shape_errors))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
@@ -82,20 +89,38 @@ pub fn api_of(path: &str) -> Api {
     }
 }
 
+/// Writes every error answer in the error shape of the API its path belongs to: a handler's
+/// [`ApiError`] travels in the response's extensions, and axum's own answers (405) get one.
+async fn shape_errors(req: Request, next: Next) -> Response {
+    let api = api_of(req.uri().path());
+    let resp = next.run(req).await;
+    if let Some(err) = resp.extensions().get::<ApiError>() {
+        return err.response(api);
+    }
+    if resp.status() == axum::http::StatusCode::METHOD_NOT_ALLOWED {
+        return ApiError::new(resp.status(), "method not allowed on this endpoint").response(api);
+    }
+    resp
+}
+
+/// The credentials of a request: `Authorization: Bearer KEY` (the scheme name in any case, as RFC
+/// 9110 says) or `x-api-key: KEY`.
+fn given_key(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let bearer = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, rest) = v.trim_start().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(rest)
+        });
+    bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+}
+
 /// Checks the API key (Bearer or `x-api-key`) on every path but `/health`.
 async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(key) = state.config().api_key.as_deref() {
-        let path = req.uri().path();
-        if path != "/health" {
-            let headers = req.headers();
-            let given = headers
-                .get(axum::http::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| {
-                    v.strip_prefix("Bearer ")
-                        .or_else(|| v.strip_prefix("bearer "))
-                })
-                .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
+        if req.uri().path() != "/health" {
+            let given = given_key(req.headers());
             let ok = given.is_some_and(|g| keys_equal(g.trim().as_bytes(), key.as_bytes()));
             if !ok {
                 let msg = if given.is_some() {
@@ -103,7 +128,7 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
                 } else {
                     "missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
                 };
-                return ApiError::unauthorized(api_of(path), msg).into_response();
+                return ApiError::unauthorized(msg).into_response();
             }
         }
     }

@@ -22,7 +22,11 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition of the counters and `stats`.
-    pub fn render(&self, stats: Option<&Stats>) -> String {
+    pub fn render(
+        &self,
+        stats: Option<&Stats>,
+        conns: Option<&crate::listen::ConnStats>,
+    ) -> String {
         let mut o = String::new();
         let head = |o: &mut String, name: &str, kind: &str, help: &str| {
             let _ = writeln!(
@@ -44,6 +48,22 @@ impl Metrics {
                     "hearth_requests_total{{endpoint=\"{ep}\",status=\"{st}\"}} {n}"
                 );
             }
+        }
+        if let Some(c) = conns {
+            head(
+                &mut o,
+                "open_connections",
+                "gauge",
+                "Client connections open.",
+            );
+            let _ = writeln!(o, "hearth_open_connections {}", c.open());
+            head(
+                &mut o,
+                "refused_connections_total",
+                "counter",
+                "Connections answered 503 because every connection slot was busy.",
+            );
+            let _ = writeln!(o, "hearth_refused_connections_total {}", c.refused());
         }
         let Some(s) = stats else {
             return o;

@@ -11,18 +11,17 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hearth_engine::{Event, FinishReason, Request};
+use hearth_engine::{FinishReason, Usage};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::error::{Api, ApiError};
-use crate::gen::{self, Sampling, StopField};
-use crate::parse::{Delta, Parsed, StreamParser};
+use crate::fields::{self, Sampling, StopField};
+use crate::parse::Delta;
+use crate::pipeline::{self, GenRequest, Piece, PromptInput, Reply};
 use crate::state::{AppState, Loaded};
+use crate::stream::{self, Frames, Render};
 use crate::structured;
-use hearth_constrain::Grammar;
-
-const API: Api = Api::Ollama;
 
 /// `options`.
 #[derive(Deserialize, Debug, Default)]
@@ -47,7 +46,7 @@ pub struct Options {
     pub frequency_penalty: Option<f64>,
     /// Stop strings.
     pub stop: Option<StopField>,
-    /// Context size: accepted, but the server's `--ctx` applies.
+    /// Context size of this request, up to the server's context per sequence.
     pub num_ctx: Option<i64>,
 }
 
@@ -91,46 +90,37 @@ pub struct GenerateRequest {
     pub options: Option<Options>,
 }
 
-fn think_kwargs(think: Option<&Value>) -> Result<Map<String, Value>, ApiError> {
-    let mut k = Map::new();
+/// Ollama's `think`: a boolean, or a level (`"high"`...) that means on.
+fn thinking(think: Option<&Value>) -> Result<Option<bool>, ApiError> {
     match think {
-        None | Some(Value::Null) => {}
-        Some(Value::Bool(b)) => {
-            k.insert("enable_thinking".into(), Value::Bool(*b));
-        }
-        Some(Value::String(_)) => {
-            k.insert("enable_thinking".into(), Value::Bool(true));
-        }
-        Some(_) => return Err(ApiError::bad_request(API, "`think` must be a boolean")),
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(Value::String(_)) => Ok(Some(true)),
+        Some(_) => Err(ApiError::bad_request("`think` must be a boolean")),
     }
-    Ok(k)
 }
 
-/// The compiled grammar of a `format` field, if any.
-fn format_grammar(l: &Loaded, format: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
-    structured::ollama_format(format)?
-        .map(|s| structured::compile(l, API, "format", &s))
-        .transpose()
-}
-
-struct Plan {
-    sampler: hearth_engine::SamplerConfig,
-    max_tokens: Option<usize>,
-    stop: Vec<String>,
-}
-
-fn plan(o: Option<Options>) -> Result<Plan, ApiError> {
+/// The generation fields of `options` (and `format`) applied to a request.
+fn apply_options(
+    l: &Loaded,
+    o: Option<Options>,
+    format: Option<&Value>,
+    mut gen: GenRequest,
+) -> Result<GenRequest, ApiError> {
     let o = o.unwrap_or_default();
-    let max_tokens = match o.num_predict {
+    gen.max_tokens = match o.num_predict {
         None => None,
         Some(n) if n < 0 => None,
-        Some(0) => return Err(ApiError::bad_request(API, "`num_predict` must not be 0")),
-        n => gen::max_tokens(API, "num_predict", n)?,
+        Some(0) => return Err(ApiError::bad_request("`num_predict` must not be 0")),
+        n => fields::max_tokens("num_predict", n)?,
     };
-    if o.num_ctx.is_some_and(|c| c < 0) {
-        return Err(ApiError::bad_request(API, "`num_ctx` must be >= 0"));
-    }
-    let sampling = Sampling {
+    gen.n_ctx = match o.num_ctx {
+        None | Some(0) => None,
+        Some(c) if c < 0 => return Err(ApiError::bad_request("`num_ctx` must be >= 0")),
+        // Clients send their own defaults (2048, 32768, ...): taken up to the server's limit.
+        Some(c) => Some((c as u64).min(l.info().n_ctx as u64) as usize),
+    };
+    gen.sampling = Sampling {
         temperature: o.temperature,
         top_p: o.top_p,
         top_k: o.top_k,
@@ -141,29 +131,26 @@ fn plan(o: Option<Options>) -> Result<Plan, ApiError> {
         seed: o.seed,
         logit_bias: Vec::new(),
     };
-    Ok(Plan {
-        sampler: sampling.config(API, 0)?,
-        max_tokens,
-        stop: o.stop.map(StopField::into_vec).unwrap_or_default(),
-    })
+    gen.stop = o.stop.map(StopField::into_vec).unwrap_or_default();
+    gen.format = structured::ollama_format(format)?.map(|s| (s, "format"));
+    Ok(gen)
 }
 
 fn messages(raw: Vec<Value>) -> Result<Vec<Value>, ApiError> {
     raw.into_iter()
         .map(|m| {
             let Value::Object(mut m) = m else {
-                return Err(ApiError::bad_request(API, "each message must be an object"));
+                return Err(ApiError::bad_request("each message must be an object"));
             };
             if !matches!(
                 m.get("role").and_then(Value::as_str),
                 Some("system" | "user" | "assistant" | "tool")
             ) {
                 return Err(ApiError::bad_request(
-                    API,
                     "message role must be system, user, assistant or tool",
                 ));
             }
-            let text = gen::content_text(API, m.get("content"))?;
+            let text = fields::content_text(m.get("content"))?;
             m.insert("content".into(), Value::String(text));
             if let Some(t) = m.remove("thinking") {
                 m.insert("reasoning_content".into(), t);
@@ -171,10 +158,10 @@ fn messages(raw: Vec<Value>) -> Result<Vec<Value>, ApiError> {
             if m.get("images")
                 .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
             {
-                return Err(ApiError::bad_request(API, "this model accepts text only"));
+                return Err(ApiError::bad_request("this model accepts text only"));
             }
             if let Some(calls) = m.get_mut("tool_calls") {
-                gen::normalize_tool_calls(calls);
+                fields::normalize_tool_calls(calls);
             }
             Ok(Value::Object(m))
         })
@@ -221,22 +208,22 @@ struct Calls {
 
 impl Calls {
     /// Folds `deltas`; returns (content, thinking, finished calls).
-    fn fold(&mut self, deltas: Vec<Delta>) -> (String, String, Vec<Value>) {
+    fn fold(&mut self, deltas: &[Delta]) -> (String, String, Vec<Value>) {
         let (mut c, mut t, mut done) = (String::new(), String::new(), Vec::new());
         for d in deltas {
             match d {
-                Delta::Content(s) => c.push_str(&s),
-                Delta::Reasoning(s) => t.push_str(&s),
+                Delta::Content(s) => c.push_str(s),
+                Delta::Reasoning(s) => t.push_str(s),
                 Delta::ToolCallStart { index, name, .. } => {
-                    self.open.push((index, name, String::new()))
+                    self.open.push((*index, name.clone(), String::new()))
                 }
                 Delta::ToolCallArgs { index, fragment } => {
-                    if let Some(o) = self.open.iter_mut().find(|o| o.0 == index) {
-                        o.2.push_str(&fragment);
+                    if let Some(o) = self.open.iter_mut().find(|o| o.0 == *index) {
+                        o.2.push_str(fragment);
                     }
                 }
                 Delta::ToolCallEnd { index } => {
-                    if let Some(p) = self.open.iter().position(|o| o.0 == index) {
+                    if let Some(p) = self.open.iter().position(|o| o.0 == *index) {
                         let (_, name, args) = self.open.remove(p);
                         done.push(call_json(&name, &args));
                     }
@@ -251,113 +238,124 @@ fn call_json(name: &str, args: &str) -> Value {
     json!({"function": {"name": name, "arguments": serde_json::from_str::<Value>(args).unwrap_or_else(|_| json!({}))}})
 }
 
-fn timings(start: Instant, n_prompt: usize, n_gen: usize) -> Map<String, Value> {
-    let total = start.elapsed().as_nanos() as u64;
+/// Ollama's timing fields: `prompt_eval_count` is the prompt tokens evaluated (not those served
+/// from the prefix cache), durations in nanoseconds.
+fn timings(start: Instant, u: &Usage) -> Map<String, Value> {
+    let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     let mut m = Map::new();
-    m.insert("total_duration".into(), total.into());
+    m.insert("total_duration".into(), ns(start.elapsed()).into());
     m.insert("load_duration".into(), 0.into());
-    m.insert("prompt_eval_count".into(), n_prompt.into());
-    m.insert("prompt_eval_duration".into(), 0.into());
-    m.insert("eval_count".into(), n_gen.into());
-    m.insert("eval_duration".into(), total.into());
+    m.insert("prompt_eval_count".into(), (u.n_prompt - u.n_cached).into());
+    m.insert("prompt_eval_duration".into(), ns(u.prompt_time).into());
+    m.insert("eval_count".into(), u.n_gen.into());
+    m.insert("eval_duration".into(), ns(u.gen_time).into());
     m
 }
 
-/// The body and NDJSON framing of both generating endpoints; `chat` picks `/api/chat` shapes.
-async fn run(
+/// One reply frame of `/api/chat` (`chat`) or `/api/generate`.
+fn frame(
+    chat: bool,
+    model: &str,
+    content: &str,
+    thinking: &str,
+    calls: Vec<Value>,
+    done: bool,
+) -> Value {
+    let mut v = json!({"model": model, "created_at": created_at()});
+    if chat {
+        let mut msg = json!({"role": "assistant", "content": content});
+        if !thinking.is_empty() {
+            msg["thinking"] = thinking.into();
+        }
+        if !calls.is_empty() {
+            msg["tool_calls"] = Value::Array(calls);
+        }
+        v["message"] = msg;
+    } else {
+        v["response"] = content.into();
+        if !thinking.is_empty() {
+            v["thinking"] = thinking.into();
+        }
+    }
+    v["done"] = done.into();
+    v
+}
+
+/// The NDJSON frames of a streamed reply: text and thinking as they come, each tool call whole
+/// once complete, then the `done` frame with the reason and timings.
+struct NdjsonStream {
+    chat: bool,
+    model: String,
+    start: Instant,
+    calls: Calls,
+}
+
+impl Render for NdjsonStream {
+    fn piece(&mut self, _choice: usize, piece: &Piece, out: &mut Frames) {
+        let deltas = match piece {
+            Piece::Token { deltas, .. } => deltas,
+            Piece::Done(end) => &end.deltas,
+            Piece::Error(_) => return,
+        };
+        let (c, t, k) = self.calls.fold(deltas);
+        if !c.is_empty() || !t.is_empty() || !k.is_empty() {
+            out.ndjson(&frame(self.chat, &self.model, &c, &t, k, false));
+        }
+        if let Piece::Done(end) = piece {
+            let mut v = frame(self.chat, &self.model, "", "", Vec::new(), true);
+            v["done_reason"] = done_reason(end.finish).into();
+            if let Value::Object(o) = &mut v {
+                o.extend(timings(self.start, &end.usage));
+            }
+            out.ndjson(&v);
+        }
+    }
+
+    fn fail(&mut self, err: &ApiError, out: &mut Frames) {
+        out.ndjson(&err.body(Api::Ollama));
+    }
+}
+
+/// Answers one reply, streamed (the default) or whole.
+async fn respond(
+    state: &AppState,
     chat: bool,
     stream: bool,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
-    mut parser: StreamParser,
+    mut replies: Vec<Reply>,
     model: String,
 ) -> Result<Response, ApiError> {
     let start = Instant::now();
-    let frame = move |content: &str, thinking: &str, calls: Vec<Value>, done: bool| -> Value {
-        let mut v = json!({"model": model, "created_at": created_at()});
-        if chat {
-            let mut msg = json!({"role": "assistant", "content": content});
-            if !thinking.is_empty() {
-                msg["thinking"] = thinking.into();
-            }
-            if !calls.is_empty() {
-                msg["tool_calls"] = Value::Array(calls);
-            }
-            v["message"] = msg;
-        } else {
-            v["response"] = content.into();
-            if !thinking.is_empty() {
-                v["thinking"] = thinking.into();
-            }
-        }
-        v["done"] = done.into();
-        v
-    };
-    if !stream {
-        let out = gen::collect(API, rx).await?;
-        let mut d = parser.push(&out.text);
-        d.extend(parser.finish());
-        let p = Parsed::from_deltas(d);
-        let calls: Vec<Value> = p
-            .tool_calls
-            .iter()
-            .map(|c| call_json(&c.name, &c.arguments))
-            .collect();
-        let mut v = frame(
-            &p.content,
-            p.reasoning.as_deref().unwrap_or(""),
-            calls,
-            true,
-        );
-        v["done_reason"] = done_reason(out.finish).into();
-        if let Value::Object(o) = &mut v {
-            o.extend(timings(start, out.n_prompt, out.n_gen));
-        }
-        return Ok(Json(v).into_response());
+    if stream {
+        let render = NdjsonStream {
+            chat,
+            model,
+            start,
+            calls: Calls::default(),
+        };
+        let cfg = state.config().stream;
+        return Ok(stream::respond(
+            "application/x-ndjson",
+            render,
+            replies,
+            cfg,
+        ));
     }
-    let (tx, resp) = gen::stream_response("application/x-ndjson");
-    tokio::spawn(async move {
-        let mut calls = Calls::default();
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                Event::Token { text, .. } => {
-                    let (c, t, k) = calls.fold(parser.push(&text));
-                    if (!c.is_empty() || !t.is_empty() || !k.is_empty())
-                        && !gen::ndjson(&tx, &frame(&c, &t, k, false))
-                    {
-                        return;
-                    }
-                }
-                Event::Done {
-                    finish,
-                    text,
-                    n_prompt,
-                    n_gen,
-                    ..
-                } => {
-                    let mut d = parser.push(&text);
-                    d.extend(parser.finish());
-                    let (c, t, k) = calls.fold(d);
-                    if (!c.is_empty() || !t.is_empty() || !k.is_empty())
-                        && !gen::ndjson(&tx, &frame(&c, &t, k, false))
-                    {
-                        return;
-                    }
-                    let mut v = frame("", "", Vec::new(), true);
-                    v["done_reason"] = done_reason(finish).into();
-                    if let Value::Object(o) = &mut v {
-                        o.extend(timings(start, n_prompt, n_gen));
-                    }
-                    let _ = gen::ndjson(&tx, &v);
-                    return;
-                }
-                Event::Error(e) => {
-                    let _ = gen::ndjson(&tx, &json!({"error": e}));
-                    return;
-                }
-            }
-        }
-    });
-    Ok(resp)
+    let reply = replies
+        .pop()
+        .ok_or_else(|| ApiError::internal("no reply"))?;
+    let w = reply.fold().await?;
+    let calls: Vec<Value> = w
+        .tool_calls
+        .iter()
+        .map(|c| call_json(&c.name, &c.arguments))
+        .collect();
+    let thinking = w.reasoning.as_deref().unwrap_or("");
+    let mut v = frame(chat, &model, &w.content, thinking, calls, true);
+    v["done_reason"] = done_reason(w.finish).into();
+    if let Value::Object(o) = &mut v {
+        o.extend(timings(start, &w.usage));
+    }
+    Ok(Json(v).into_response())
 }
 
 /// `POST /api/chat`.
@@ -365,40 +363,20 @@ pub async fn chat(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: ChatRequest = gen::parse_body(API, body)?;
-    let l = state.loaded(API)?;
-    let p = plan(req.options)?;
-    let tools = req.tools.filter(|t| !t.is_empty());
-    let constraint = format_grammar(&l, req.format.as_ref())?;
-    let mut kwargs = think_kwargs(req.think.as_ref())?;
-    if constraint.is_some() {
-        kwargs = structured::no_thinking(kwargs);
-    }
-    let constrained = constraint.is_some();
-    let prompt = gen::chat_prompt(&l, API, messages(req.messages)?, tools.clone(), kwargs)?;
-    let seed = p.sampler.seed;
-    let rx = gen::submit(
-        &l,
-        API,
-        Request {
-            prompt: prompt.ids,
-            max_tokens: p.max_tokens,
-            sampler: p.sampler,
-            stop: p.stop,
-            logprobs: None,
-            constraint,
-        },
-    )?;
-    let tools_v = tools.map(Value::Array);
-    let parser = StreamParser::new(gen::parser_config(
-        &l,
-        tools_v.as_ref(),
-        prompt.in_think,
-        constrained,
-        seed,
-    ));
+    let req: ChatRequest = fields::parse_body(body)?;
+    let l = state.loaded()?;
+    let gen = GenRequest {
+        thinking: thinking(req.think.as_ref())?,
+        ..GenRequest::new(PromptInput::Chat {
+            messages: messages(req.messages)?,
+            tools: req.tools,
+            kwargs: Map::new(),
+        })
+    };
+    let gen = apply_options(&l, req.options, req.format.as_ref(), gen)?;
+    let (replies, _) = pipeline::start(l.clone(), gen).await?;
     let model = req.model.unwrap_or_else(|| l.info().alias.clone());
-    run(true, req.stream.unwrap_or(true), rx, parser, model).await
+    respond(&state, true, req.stream.unwrap_or(true), replies, model).await
 }
 
 /// `POST /api/generate`. An empty prompt loads the model (a no-op here) and answers done.
@@ -406,56 +384,36 @@ pub async fn generate(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: GenerateRequest = gen::parse_body(API, body)?;
-    let l = state.loaded(API)?;
+    let req: GenerateRequest = fields::parse_body(body)?;
+    let l = state.loaded()?;
     let model = req.model.clone().unwrap_or_else(|| l.info().alias.clone());
     let text = req.prompt.unwrap_or_default();
     if text.is_empty() {
         return Ok(Json(json!({"model": model, "created_at": created_at(), "response": "", "done": true, "done_reason": "load"})).into_response());
     }
-    let p = plan(req.options)?;
-    let constraint = format_grammar(&l, req.format.as_ref())?;
-    let constrained = constraint.is_some();
-    let (ids, in_think) = if req.raw.unwrap_or(false) {
-        (gen::raw_prompt(&l, API, &text)?, false)
+    let gen = if req.raw.unwrap_or(false) {
+        GenRequest {
+            parse: false,
+            ..GenRequest::new(PromptInput::Text(text))
+        }
     } else {
-        let mut msgs = Vec::new();
+        let mut messages = Vec::new();
         if let Some(s) = req.system {
-            msgs.push(json!({"role": "system", "content": s}));
+            messages.push(json!({"role": "system", "content": s}));
         }
-        msgs.push(json!({"role": "user", "content": text}));
-        let mut kwargs = think_kwargs(req.think.as_ref())?;
-        if constrained {
-            kwargs = structured::no_thinking(kwargs);
+        messages.push(json!({"role": "user", "content": text}));
+        GenRequest {
+            thinking: thinking(req.think.as_ref())?,
+            ..GenRequest::new(PromptInput::Chat {
+                messages,
+                tools: None,
+                kwargs: Map::new(),
+            })
         }
-        let pr = gen::chat_prompt(&l, API, msgs, None, kwargs)?;
-        (pr.ids, pr.in_think)
     };
-    let seed = p.sampler.seed;
-    let rx = gen::submit(
-        &l,
-        API,
-        Request {
-            prompt: ids,
-            max_tokens: p.max_tokens,
-            sampler: p.sampler,
-            stop: p.stop,
-            logprobs: None,
-            constraint,
-        },
-    )?;
-    let mut cfg = gen::parser_config(&l, None, in_think, constrained, seed);
-    if req.raw.unwrap_or(false) {
-        cfg = crate::parse::ParserConfig::plain();
-    }
-    run(
-        false,
-        req.stream.unwrap_or(true),
-        rx,
-        StreamParser::new(cfg),
-        model,
-    )
-    .await
+    let gen = apply_options(&l, req.options, req.format.as_ref(), gen)?;
+    let (replies, _) = pipeline::start(l.clone(), gen).await?;
+    respond(&state, false, req.stream.unwrap_or(true), replies, model).await
 }
 
 fn details(l: &Loaded) -> Value {
@@ -491,7 +449,7 @@ fn digest(l: &Loaded) -> String {
 
 /// `GET /api/tags`.
 pub async fn tags(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let l = state.loaded(API)?;
+    let l = state.loaded()?;
     let info = l.info();
     Ok(Json(json!({"models": [{
         "name": info.alias, "model": info.alias, "modified_at": created_at(),
@@ -502,7 +460,7 @@ pub async fn tags(State(state): State<AppState>) -> Result<Response, ApiError> {
 
 /// `GET /api/ps`.
 pub async fn ps(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let l = state.loaded(API)?;
+    let l = state.loaded()?;
     let info = l.info();
     Ok(Json(json!({"models": [{
         "name": info.alias, "model": info.alias, "size": info.file_size, "digest": digest(&l),
@@ -517,8 +475,8 @@ pub async fn show(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let _: Value = gen::parse_body(API, body)?;
-    let l = state.loaded(API)?;
+    let _: Value = fields::parse_body(body)?;
+    let l = state.loaded()?;
     let info = l.info();
     let mut model_info = Map::new();
     model_info.insert("general.architecture".into(), info.arch.clone().into());

@@ -6,27 +6,25 @@
 //! pieces), exactly as the non-streaming reply folds them.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::StreamExt;
-use hearth_engine::{Event, FinishReason, Request, TokenLogprob};
+use hearth_constrain::Spec;
+use hearth_engine::{FinishReason, TokenLogprob, Usage};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use tokio::sync::mpsc::UnboundedReceiver;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::error::{Api, ApiError};
-use crate::gen::{self, ChunkTx, Sampling, StopField};
-use crate::parse::{Delta, Parsed, StreamParser};
+use crate::fields::{self, Sampling, StopField};
+use crate::parse::Delta;
+use crate::pipeline::{self, GenRequest, Piece, PromptInput, TokenOut, Whole};
 use crate::state::{AppState, Loaded};
-use crate::structured::{self, ToolForce};
-use hearth_constrain::{Grammar, Spec};
-
-const API: Api = Api::OpenAi;
+use crate::stream::{self, Frames, Render};
+use crate::structured;
 
 /// `stream_options`.
 #[derive(Deserialize, Debug, Default)]
@@ -85,13 +83,21 @@ pub struct FormatFields {
 }
 
 impl FormatFields {
-    /// The constraint these fields ask for, validated.
-    fn spec(&self) -> Result<Option<Spec>, ApiError> {
-        structured::openai_format(
+    /// The constraint these fields ask for, validated, with the field it came from.
+    fn spec(&self) -> Result<Option<(Spec, &'static str)>, ApiError> {
+        let spec = structured::openai_format(
             self.response_format.as_ref(),
             self.grammar.as_deref(),
             self.json_schema.as_ref(),
-        )
+        )?;
+        Ok(spec.map(|s| {
+            let param = if matches!(s, Spec::Gbnf(_)) {
+                "grammar"
+            } else {
+                "response_format"
+            };
+            (s, param)
+        }))
     }
 }
 
@@ -131,11 +137,11 @@ impl SamplingFields {
             repeat_penalty: self.repetition_penalty,
             seed: self.seed,
             logit_bias: match &self.logit_bias {
-                Some(m) => gen::logit_bias(API, m, l.info().n_vocab)?,
+                Some(m) => fields::logit_bias(m, l.info().n_vocab)?,
                 None => Vec::new(),
             },
         };
-        sampling.config(API, 0)?;
+        sampling.config(0)?;
         Ok(sampling)
     }
 }
@@ -174,7 +180,6 @@ fn choices(l: &Loaded, n: Option<i64>) -> Result<usize, ApiError> {
         None => Ok(1),
         Some(n) if n >= 1 && n as u64 <= parallel as u64 => Ok(n as usize),
         Some(n) => Err(ApiError::invalid_param(
-            API,
             "n",
             format!("`n` must be between 1 and the server's --parallel {parallel}, got {n}"),
         )),
@@ -186,7 +191,6 @@ fn top_logprobs(v: Option<i64>) -> Result<usize, ApiError> {
         None => Ok(0),
         Some(k) if (0..=20).contains(&k) => Ok(k as usize),
         Some(k) => Err(ApiError::invalid_param(
-            API,
             "top_logprobs",
             format!("`top_logprobs` must be between 0 and 20, got {k}"),
         )),
@@ -200,7 +204,7 @@ fn messages(raw: Vec<Value>) -> Result<Vec<Value>, ApiError> {
         .enumerate()
         .map(|(i, m)| {
             let Value::Object(mut m) = m else {
-                return Err(ApiError::invalid_param(API, "messages", format!("messages[{i}] must be an object")));
+                return Err(ApiError::invalid_param("messages", format!("messages[{i}] must be an object")));
             };
             match m.get("role") {
                 Some(Value::String(r)) if ["system", "developer", "user", "assistant", "tool"].contains(&r.as_str()) => {
@@ -210,16 +214,15 @@ fn messages(raw: Vec<Value>) -> Result<Vec<Value>, ApiError> {
                 }
                 _ => {
                     return Err(ApiError::invalid_param(
-                        API,
                         "messages",
                         format!("messages[{i}].role must be one of system, developer, user, assistant, tool"),
                     ))
                 }
             }
-            let text = gen::content_text(API, m.get("content"))?;
+            let text = fields::content_text(m.get("content"))?;
             m.insert("content".into(), Value::String(text));
             if let Some(calls) = m.get_mut("tool_calls") {
-                gen::normalize_tool_calls(calls);
+                fields::normalize_tool_calls(calls);
             }
             Ok(Value::Object(m))
         })
@@ -267,37 +270,57 @@ fn chat_logprob(l: &Loaded, id: u32, lp: &TokenLogprob) -> Value {
     })
 }
 
-/// Everything needed to submit `n` choices of one request.
-struct Plan {
-    prompt: Vec<u32>,
-    max_tokens: Option<usize>,
-    sampling: Sampling,
-    stop: Vec<String>,
-    logprobs: Option<usize>,
-    n: usize,
-    constraint: Option<Grammar>,
+/// Usage over all choices of a request: the prompt counted once, generated tokens summed.
+#[derive(Default, Clone, Copy)]
+struct Totals {
+    n_prompt: usize,
+    n_cached: usize,
+    n_gen: usize,
 }
 
-fn submit_all(l: &Loaded, plan: &Plan) -> Result<Vec<(UnboundedReceiver<Event>, u64)>, ApiError> {
-    (0..plan.n)
-        .map(|i| {
-            let sampler = plan.sampling.config(API, i as u64)?;
-            let seed = sampler.seed;
-            let rx = gen::submit(
-                l,
-                API,
-                Request {
-                    prompt: plan.prompt.clone(),
-                    max_tokens: plan.max_tokens,
-                    sampler,
-                    stop: plan.stop.clone(),
-                    logprobs: plan.logprobs,
-                    constraint: plan.constraint.clone(),
-                },
-            )?;
-            Ok((rx, seed))
-        })
-        .collect()
+impl Totals {
+    fn add(&mut self, u: &Usage) {
+        self.n_prompt = u.n_prompt;
+        self.n_cached = u.n_cached;
+        self.n_gen += u.n_gen;
+    }
+
+    fn json(&self) -> Value {
+        usage(self.n_prompt, self.n_gen, self.n_cached)
+    }
+}
+
+/// What every chunk or object of one reply repeats.
+struct Meta {
+    l: Arc<Loaded>,
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+}
+
+impl Meta {
+    fn new(l: Arc<Loaded>, prefix: &str, object: &'static str, model: Option<String>) -> Meta {
+        let model = model.unwrap_or_else(|| l.info().alias.clone());
+        Meta {
+            l,
+            id: fields::new_id(prefix),
+            object,
+            created: fields::now_secs(),
+            model,
+        }
+    }
+
+    fn object(&self, choices: Vec<Value>, usage: Option<Value>) -> Value {
+        let mut v = json!({
+            "id": self.id, "object": self.object, "created": self.created, "model": self.model,
+            "system_fingerprint": "hearth", "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        v
+    }
 }
 
 /// `POST /v1/chat/completions`.
@@ -305,130 +328,103 @@ pub async fn chat(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: ChatRequest = gen::parse_body(API, body)?;
-    let l = state.loaded(API)?;
+    let req: ChatRequest = fields::parse_body(body)?;
+    let l = state.loaded()?;
     let n = choices(&l, req.n)?;
     let max_tokens = match req.max_completion_tokens {
-        Some(_) => gen::max_tokens(API, "max_completion_tokens", req.max_completion_tokens)?,
-        None => gen::max_tokens(API, "max_tokens", req.max_tokens)?,
+        Some(_) => fields::max_tokens("max_completion_tokens", req.max_completion_tokens)?,
+        None => fields::max_tokens("max_tokens", req.max_tokens)?,
     };
     let k = top_logprobs(req.top_logprobs)?;
     let logprobs = req.logprobs.unwrap_or(false).then_some(k);
-    let sampling = req.sampling.sampling(&l)?;
-    let force = structured::openai_tool_force(
+    let tool_force = structured::openai_tool_force(
         req.tool_choice.as_ref(),
         req.tools.as_deref().unwrap_or(&[]),
     )?;
     let tools = match req.tool_choice.as_ref().and_then(Value::as_str) {
         Some("none") => None,
-        _ => req.tools.filter(|t| !t.is_empty()),
+        _ => req.tools,
     };
-    let tool_spec = match force {
-        ToolForce::None => None,
-        _ => structured::tool_spec(&l, API, tools.as_deref().unwrap_or(&[]), &force)?,
-    };
-    let spec = structured::one_of(API, req.format.spec()?, tool_spec)?;
-    let constraint = spec
-        .as_ref()
-        .map(|s| structured::compile(&l, API, structured::param_of(s, API), s))
-        .transpose()?;
-    let mut kwargs = req.chat_template_kwargs.unwrap_or_default();
-    if constraint.is_some() {
-        kwargs = structured::no_thinking(kwargs);
-    }
-    let msgs = messages(req.messages)?;
-    let prompt = gen::chat_prompt(&l, API, msgs, tools.clone(), kwargs)?;
-    let constrained = constraint.is_some();
-    let plan = Plan {
-        prompt: prompt.ids,
+    let gen = GenRequest {
+        sampling: req.sampling.sampling(&l)?,
+        n,
         max_tokens,
-        sampling,
         stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
         logprobs,
-        n,
-        constraint,
-    };
-    let rxs = submit_all(&l, &plan)?;
-    let tools_v = tools.map(Value::Array);
-    let model = req.model.unwrap_or_else(|| l.info().alias.clone());
-    let id = gen::new_id("chatcmpl-");
-    let created = gen::now_secs();
-    let parsers: Vec<StreamParser> = rxs
-        .iter()
-        .map(|(_, seed)| {
-            StreamParser::new(gen::parser_config(
-                &l,
-                tools_v.as_ref(),
-                prompt.in_think,
-                constrained,
-                *seed,
-            ))
+        format: req.format.spec()?,
+        tool_force,
+        ..GenRequest::new(PromptInput::Chat {
+            messages: messages(req.messages)?,
+            tools,
+            kwargs: req.chat_template_kwargs.unwrap_or_default(),
         })
-        .collect();
-    let rxs: Vec<_> = rxs.into_iter().map(|(rx, _)| rx).collect();
-
+    };
+    let (replies, _) = pipeline::start(l.clone(), gen).await?;
+    let meta = Meta::new(l, "chatcmpl-", "chat.completion", req.model);
     if req.stream.unwrap_or(false) {
         let include_usage = req
             .stream_options
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
-        let (tx, resp) = gen::stream_response("text/event-stream");
-        tokio::spawn(stream_chat(
-            l,
-            tx,
-            rxs,
-            parsers,
-            id,
-            created,
-            model,
+        let render = ChatStream {
+            meta: Meta {
+                object: "chat.completion.chunk",
+                ..meta
+            },
+            n,
             include_usage,
-            logprobs.is_some(),
-        ));
-        return Ok(resp);
+            want_logprobs: logprobs.is_some(),
+            totals: Totals::default(),
+        };
+        let cfg = state.config().stream;
+        return Ok(stream::respond("text/event-stream", render, replies, cfg));
     }
+    let wholes = Whole::all(replies).await?;
+    let mut totals = Totals::default();
+    let choices = wholes
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            totals.add(&w.usage);
+            chat_choice(&meta.l, i, w, logprobs.is_some())
+        })
+        .collect();
+    Ok(Json(meta.object(choices, Some(totals.json()))).into_response())
+}
 
-    let mut out_choices = Vec::with_capacity(n);
-    let (mut np, mut ng, mut nc) = (0, 0, 0);
-    for (i, (rx, mut parser)) in rxs.into_iter().zip(parsers).enumerate() {
-        let out = gen::collect(API, rx).await?;
-        let mut deltas = parser.push(&out.text);
-        deltas.extend(parser.finish());
-        let parsed = Parsed::from_deltas(deltas);
-        np = out.n_prompt;
-        nc = out.n_cached;
-        ng += out.n_gen;
-        let has_tools = !parsed.tool_calls.is_empty();
-        let mut msg = json!({"role": "assistant", "content": if has_tools && parsed.content.is_empty() { Value::Null } else { Value::String(parsed.content) }});
-        if let Some(r) = parsed.reasoning {
-            msg["reasoning_content"] = Value::String(r);
-        }
-        if has_tools {
-            msg["tool_calls"] = parsed
-                .tool_calls
-                .iter()
-                .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-                .collect();
-        }
-        let lp = logprobs.map(|_| {
-            json!({"content": out.tokens.iter().filter_map(|t| t.logprob.as_ref().map(|lp| chat_logprob(&l, t.id, lp))).collect::<Vec<_>>()})
-        });
-        out_choices.push(json!({
-            "index": i,
-            "message": msg,
-            "logprobs": lp,
-            "finish_reason": finish_str(out.finish, has_tools),
-        }));
+/// One choice of a whole chat reply.
+fn chat_choice(l: &Loaded, i: usize, w: &Whole, want_logprobs: bool) -> Value {
+    let has_tools = !w.tool_calls.is_empty();
+    let content = if has_tools && w.content.is_empty() {
+        Value::Null
+    } else {
+        Value::String(w.content.clone())
+    };
+    let mut msg = json!({"role": "assistant", "content": content});
+    if let Some(r) = &w.reasoning {
+        msg["reasoning_content"] = Value::String(r.clone());
     }
-    Ok(Json(json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "system_fingerprint": "hearth",
-        "choices": out_choices,
-        "usage": usage(np, ng, nc),
-    }))
-    .into_response())
+    if has_tools {
+        msg["tool_calls"] = w
+            .tool_calls
+            .iter()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect();
+    }
+    let lp = want_logprobs.then(|| {
+        let content: Vec<Value> = w
+            .tokens
+            .iter()
+            .filter_map(|t| t.logprob.as_ref().map(|lp| chat_logprob(l, t.id, lp)))
+            .collect();
+        json!({ "content": content })
+    });
+    json!({
+        "index": i,
+        "message": msg,
+        "logprobs": lp,
+        "finish_reason": finish_str(w.finish, has_tools),
+    })
 }
 
 fn delta_json(d: &Delta) -> Option<Value> {
@@ -445,172 +441,119 @@ fn delta_json(d: &Delta) -> Option<Value> {
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn stream_chat(
-    l: std::sync::Arc<Loaded>,
-    tx: ChunkTx,
-    rxs: Vec<UnboundedReceiver<Event>>,
-    mut parsers: Vec<StreamParser>,
-    id: String,
-    created: u64,
-    model: String,
+/// `chat.completion.chunk` frames: a role chunk per choice, then per token its deltas (its
+/// log-probabilities on the first of them, or on an empty delta when it released nothing), a
+/// finish chunk per choice, the usage chunk when asked for, and `[DONE]`.
+struct ChatStream {
+    meta: Meta,
+    n: usize,
     include_usage: bool,
     want_logprobs: bool,
-) {
-    let n = rxs.len();
-    let chunk = |i: usize, delta: Value, logprobs: Value, finish: Value| {
-        json!({
-            "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "system_fingerprint": "hearth",
-            "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
-        })
-    };
-    for i in 0..n {
-        if !gen::sse(
-            &tx,
-            None,
-            &chunk(
-                i,
-                json!({"role": "assistant", "content": ""}),
-                Value::Null,
-                Value::Null,
-            ),
-        ) {
-            return;
-        }
-    }
-    let mut merged = futures::stream::select_all(
-        rxs.into_iter()
-            .enumerate()
-            .map(|(i, rx)| UnboundedReceiverStream::new(rx).map(move |e| (i, e))),
-    );
-    let mut tool_seen = vec![false; n];
-    let mut done = 0;
-    let (mut np, mut ng, mut nc) = (0, 0, 0);
-    while let Some((i, ev)) = merged.next().await {
-        let (deltas, lp, fin) = match ev {
-            Event::Token {
-                id: tid,
-                text,
-                logprob,
-            } => {
-                let lp = logprob
-                    .filter(|_| want_logprobs)
-                    .map(|lp| json!({"content": [chat_logprob(&l, tid, &lp)]}));
-                (parsers[i].push(&text), lp, None)
-            }
-            Event::Done {
-                finish,
-                text,
-                n_prompt,
-                n_cached,
-                n_gen,
-            } => {
-                let mut d = parsers[i].push(&text);
-                d.extend(parsers[i].finish());
-                np = n_prompt;
-                nc = n_cached;
-                ng += n_gen;
-                (d, None, Some(finish))
-            }
-            Event::Error(e) => {
-                let err = ApiError::internal(API, e);
-                let _ = gen::sse(&tx, None, &err.body());
-                return;
-            }
-        };
-        let mut lp = lp;
-        let mut sent_any = false;
-        for d in &deltas {
-            if matches!(d, Delta::ToolCallStart { .. }) {
-                tool_seen[i] = true;
-            }
-            if let Some(dj) = delta_json(d) {
-                if !gen::sse(
-                    &tx,
-                    None,
-                    &chunk(i, dj, lp.take().unwrap_or(Value::Null), Value::Null),
-                ) {
-                    return;
-                }
-                sent_any = true;
-            }
-        }
-        if let Some(lp) = lp.filter(|_| !sent_any) {
-            if !gen::sse(&tx, None, &chunk(i, json!({}), lp, Value::Null)) {
-                return;
-            }
-        }
-        if let Some(f) = fin {
-            if !gen::sse(
-                &tx,
-                None,
-                &chunk(
-                    i,
-                    json!({}),
-                    Value::Null,
-                    finish_str(f, tool_seen[i]).into(),
-                ),
-            ) {
-                return;
-            }
-            done += 1;
-            if done == n {
-                break;
-            }
-        }
-    }
-    if include_usage {
-        let u = json!({
-            "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "system_fingerprint": "hearth", "choices": [], "usage": usage(np, ng, nc),
-        });
-        if !gen::sse(&tx, None, &u) {
-            return;
-        }
-    }
-    let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n")));
+    totals: Totals,
 }
 
-/// The prompt of a completion request as token ids.
-fn completion_prompt(l: &Loaded, p: &Value) -> Result<Vec<u32>, ApiError> {
+impl ChatStream {
+    fn chunk(&self, i: usize, delta: Value, logprobs: Value, finish: Value) -> Value {
+        self.meta.object(
+            vec![
+                json!({"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}),
+            ],
+            None,
+        )
+    }
+}
+
+impl Render for ChatStream {
+    fn open(&mut self, out: &mut Frames) {
+        for i in 0..self.n {
+            let role = json!({"role": "assistant", "content": ""});
+            out.sse(None, &self.chunk(i, role, Value::Null, Value::Null));
+        }
+    }
+
+    fn piece(&mut self, i: usize, piece: &Piece, out: &mut Frames) {
+        let (deltas, mut lp) = match piece {
+            Piece::Token {
+                id,
+                deltas,
+                logprob,
+                ..
+            } => {
+                let lp = logprob
+                    .as_ref()
+                    .filter(|_| self.want_logprobs)
+                    .map(|lp| json!({"content": [chat_logprob(&self.meta.l, *id, lp)]}));
+                (deltas, lp)
+            }
+            Piece::Done(end) => (&end.deltas, None),
+            Piece::Error(_) => return,
+        };
+        let mut sent = false;
+        for d in deltas {
+            if let Some(dj) = delta_json(d) {
+                let lp = lp.take().unwrap_or(Value::Null);
+                out.sse(None, &self.chunk(i, dj, lp, Value::Null));
+                sent = true;
+            }
+        }
+        if let Some(lp) = lp.filter(|_| !sent) {
+            out.sse(None, &self.chunk(i, json!({}), lp, Value::Null));
+        }
+        if let Piece::Done(end) = piece {
+            self.totals.add(&end.usage);
+            let finish = finish_str(end.finish, end.tool_calls).into();
+            out.sse(None, &self.chunk(i, json!({}), Value::Null, finish));
+        }
+    }
+
+    fn close(&mut self, out: &mut Frames) {
+        if self.include_usage {
+            out.sse(
+                None,
+                &self.meta.object(Vec::new(), Some(self.totals.json())),
+            );
+        }
+        out.raw("data: [DONE]\n\n");
+    }
+
+    fn fail(&mut self, err: &ApiError, out: &mut Frames) {
+        out.sse(None, &err.body(Api::OpenAi));
+    }
+}
+
+/// The prompt of a completion request.
+fn completion_prompt(p: Value) -> Result<PromptInput, ApiError> {
     let bad = || {
         ApiError::invalid_param(
-            API,
             "prompt",
             "`prompt` must be a string, a list of one string, or a list of token ids",
         )
     };
     match p {
-        Value::String(s) => gen::raw_prompt(l, API, s),
-        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
-            gen::raw_prompt(l, API, a[0].as_str().unwrap_or(""))
-        }
+        Value::String(s) => Ok(PromptInput::Text(s)),
+        Value::Array(mut a) if a.len() == 1 && a[0].is_string() => match a.pop() {
+            Some(Value::String(s)) => Ok(PromptInput::Text(s)),
+            _ => Err(bad()),
+        },
         Value::Array(a) if a.iter().all(Value::is_number) => {
-            let n_vocab = l.info().n_vocab;
             let ids = a
                 .iter()
                 .map(|v| {
-                    v.as_u64()
-                        .filter(|&id| id < n_vocab as u64)
-                        .map(|id| id as u32)
-                        .ok_or_else(|| {
-                            ApiError::invalid_param(
-                                API,
-                                "prompt",
-                                format!("token id {v} is not below the vocabulary size {n_vocab}"),
-                            )
-                        })
+                    v.as_u64().ok_or_else(|| {
+                        ApiError::invalid_param(
+                            "prompt",
+                            format!("token id {v} is not a non-negative integer"),
+                        )
+                    })
                 })
-                .collect::<Result<Vec<u32>, _>>()?;
-            gen::check_prompt(l, API, &ids)?;
-            Ok(ids)
+                .collect::<Result<Vec<u64>, _>>()?;
+            Ok(PromptInput::Ids(ids))
         }
         _ => Err(bad()),
     }
 }
 
-fn completion_logprobs(l: &Loaded, tokens: &[gen::Token]) -> Value {
+fn completion_logprobs(l: &Loaded, tokens: &[TokenOut]) -> Value {
     let mut toks = Vec::new();
     let mut lps = Vec::new();
     let mut tops = Vec::new();
@@ -638,145 +581,124 @@ pub async fn completions(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: CompletionRequest = gen::parse_body(API, body)?;
-    let l = state.loaded(API)?;
+    let req: CompletionRequest = fields::parse_body(body)?;
+    let l = state.loaded()?;
     let n = choices(&l, req.n)?;
-    let max_tokens = gen::max_tokens(API, "max_tokens", req.max_tokens)?;
     let logprobs = match req.logprobs {
         None => None,
         Some(k) if (0..=20).contains(&k) => Some(k as usize),
         Some(k) => {
             return Err(ApiError::invalid_param(
-                API,
                 "logprobs",
                 format!("`logprobs` must be between 0 and 20, got {k}"),
             ))
         }
     };
-    let sampling = req.sampling.sampling(&l)?;
-    let constraint = req
-        .format
-        .spec()?
-        .map(|s| structured::compile(&l, API, structured::param_of(&s, API), &s))
-        .transpose()?;
-    let plan = Plan {
-        prompt: completion_prompt(&l, &req.prompt)?,
-        max_tokens,
-        sampling,
+    let gen = GenRequest {
+        sampling: req.sampling.sampling(&l)?,
+        n,
+        max_tokens: fields::max_tokens("max_tokens", req.max_tokens)?,
         stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
         logprobs,
-        n,
-        constraint,
+        format: req.format.spec()?,
+        parse: false,
+        ..GenRequest::new(completion_prompt(req.prompt)?)
     };
-    let rxs: Vec<_> = submit_all(&l, &plan)?
-        .into_iter()
-        .map(|(rx, _)| rx)
-        .collect();
-    let model = req.model.unwrap_or_else(|| l.info().alias.clone());
-    let id = gen::new_id("cmpl-");
-    let created = gen::now_secs();
+    let (replies, _) = pipeline::start(l.clone(), gen).await?;
+    let meta = Meta::new(l, "cmpl-", "text_completion", req.model);
     if req.stream.unwrap_or(false) {
         let include_usage = req
             .stream_options
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
-        let (tx, resp) = gen::stream_response("text/event-stream");
-        tokio::spawn(async move {
-            let chunk = |i: usize, text: &str, lp: Value, finish: Value| {
-                json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                       "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}]})
-            };
-            let mut merged = futures::stream::select_all(
-                rxs.into_iter()
-                    .enumerate()
-                    .map(|(i, rx)| UnboundedReceiverStream::new(rx).map(move |e| (i, e))),
-            );
-            let (mut done, mut np, mut ng, mut nc) = (0, 0, 0, 0);
-            while let Some((i, ev)) = merged.next().await {
-                let ok = match ev {
-                    Event::Token {
-                        id: tid,
-                        text,
-                        logprob,
-                    } => {
-                        let lp = match logprob.filter(|_| logprobs.is_some()) {
-                            Some(lp) => completion_logprobs(
-                                &l,
-                                &[gen::Token {
-                                    id: tid,
-                                    text: text.clone(),
-                                    logprob: Some(lp),
-                                }],
-                            ),
-                            None => Value::Null,
-                        };
-                        gen::sse(&tx, None, &chunk(i, &text, lp, Value::Null))
-                    }
-                    Event::Done {
-                        finish,
-                        text,
-                        n_prompt,
-                        n_cached,
-                        n_gen,
-                    } => {
-                        np = n_prompt;
-                        nc = n_cached;
-                        ng += n_gen;
-                        done += 1;
-                        gen::sse(
-                            &tx,
-                            None,
-                            &chunk(i, &text, Value::Null, finish_str(finish, false).into()),
-                        )
-                    }
-                    Event::Error(e) => {
-                        let _ = gen::sse(&tx, None, &ApiError::internal(API, e).body());
-                        return;
-                    }
+        let render = CompletionStream {
+            meta,
+            include_usage,
+            want_logprobs: logprobs.is_some(),
+            totals: Totals::default(),
+        };
+        let cfg = state.config().stream;
+        return Ok(stream::respond("text/event-stream", render, replies, cfg));
+    }
+    let wholes = Whole::all(replies).await?;
+    let mut totals = Totals::default();
+    let choices = wholes
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            totals.add(&w.usage);
+            json!({
+                "index": i,
+                "text": w.text,
+                "logprobs": if logprobs.is_some() { completion_logprobs(&meta.l, &w.tokens) } else { Value::Null },
+                "finish_reason": finish_str(w.finish, false),
+            })
+        })
+        .collect();
+    Ok(Json(meta.object(choices, Some(totals.json()))).into_response())
+}
+
+/// `text_completion` frames: one per token with its text, one per finish, the usage when asked
+/// for, and `[DONE]`.
+struct CompletionStream {
+    meta: Meta,
+    include_usage: bool,
+    want_logprobs: bool,
+    totals: Totals,
+}
+
+impl Render for CompletionStream {
+    fn piece(&mut self, i: usize, piece: &Piece, out: &mut Frames) {
+        let choice = |text: &str, lp: Value, finish: Value| json!({"index": i, "text": text, "logprobs": lp, "finish_reason": finish});
+        let frame = match piece {
+            Piece::Token {
+                id, text, logprob, ..
+            } => {
+                let lp = match logprob.as_ref().filter(|_| self.want_logprobs) {
+                    Some(lp) => completion_logprobs(
+                        &self.meta.l,
+                        &[TokenOut {
+                            id: *id,
+                            text: text.clone(),
+                            logprob: Some(lp.clone()),
+                        }],
+                    ),
+                    None => Value::Null,
                 };
-                if !ok {
-                    return;
-                }
-                if done == n {
-                    break;
-                }
+                choice(text, lp, Value::Null)
             }
-            if include_usage {
-                let u = json!({"id": id, "object": "text_completion", "created": created, "model": model,
-                               "choices": [], "usage": usage(np, ng, nc)});
-                if !gen::sse(&tx, None, &u) {
-                    return;
-                }
+            Piece::Done(end) => {
+                self.totals.add(&end.usage);
+                choice(&end.text, Value::Null, finish_str(end.finish, false).into())
             }
-            let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n")));
-        });
-        return Ok(resp);
+            Piece::Error(_) => return,
+        };
+        let mut obj = self.meta.object(vec![frame], None);
+        if let Value::Object(o) = &mut obj {
+            o.remove("system_fingerprint");
+        }
+        out.sse(None, &obj);
     }
-    let mut out_choices = Vec::new();
-    let (mut np, mut ng, mut nc) = (0, 0, 0);
-    for (i, rx) in rxs.into_iter().enumerate() {
-        let out = gen::collect(API, rx).await?;
-        np = out.n_prompt;
-        nc = out.n_cached;
-        ng += out.n_gen;
-        out_choices.push(json!({
-            "index": i,
-            "text": out.text,
-            "logprobs": if logprobs.is_some() { completion_logprobs(&l, &out.tokens) } else { Value::Null },
-            "finish_reason": finish_str(out.finish, false),
-        }));
+
+    fn close(&mut self, out: &mut Frames) {
+        if self.include_usage {
+            let mut u = self.meta.object(Vec::new(), Some(self.totals.json()));
+            if let Value::Object(o) = &mut u {
+                o.remove("system_fingerprint");
+            }
+            out.sse(None, &u);
+        }
+        out.raw("data: [DONE]\n\n");
     }
-    Ok(Json(json!({
-        "id": id, "object": "text_completion", "created": created, "model": model,
-        "system_fingerprint": "hearth",
-        "choices": out_choices, "usage": usage(np, ng, nc),
-    }))
-    .into_response())
+
+    fn fail(&mut self, err: &ApiError, out: &mut Frames) {
+        out.sse(None, &err.body(Api::OpenAi));
+    }
 }
 
 /// `GET /v1/models`: the one loaded model under its alias.
 pub async fn models(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let l = state.loaded(API)?;
+    let l = state.loaded()?;
     let info = l.info();
     let mut meta = HashMap::new();
     meta.insert("n_ctx", info.n_ctx as u64);
@@ -793,6 +715,6 @@ pub async fn models(State(state): State<AppState>) -> Result<Response, ApiError>
 
 /// `GET /v1/models/{model}`: the loaded model, whatever name is asked for (one model is served).
 pub async fn model(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let l = state.loaded(API)?;
+    let l = state.loaded()?;
     Ok(Json(json!({"id": l.info().alias, "object": "model", "created": state.started(), "owned_by": "hearth"})).into_response())
 }

@@ -3,10 +3,10 @@
 //!
 //! The text is cut into pieces — at token boundaries of the real tokenizer, every `n` characters,
 //! or at given byte offsets (so a test can try every cut position) — and each piece is one
-//! [`Event::Token`]. `max_tokens` cuts the pieces (finish `Length`), stop strings cut the text
-//! (finish `Stop`), a sink returning false stops the stream (the request is cancelled), and the
-//! prompt is checked as the real scheduler checks it (empty, ids outside the vocabulary, longer
-//! than the context). A request with a grammar gets the script only if the grammar accepts its
+//! [`Event::Token`], fed through the engine's own [`Sequence`] state machine: `max_tokens` and the
+//! context cut the pieces (finish `Length`), stop strings cut the text (finish `Stop`), a sink
+//! returning false stops the stream (the request is cancelled), and the prompt is checked as the
+//! real scheduler checks it (empty, ids outside the vocabulary, longer than the context). A request with a grammar gets the script only if the grammar accepts its
 //! text (else an [`Event::Error`] naming the token refused), so tests of structured output check
 //! that the grammar the handler compiled admits the reply the parser expects.
 
@@ -15,8 +15,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hearth_engine::scheduler::check_request;
 use hearth_engine::{
-    Backend, Event, FinishReason, ModelInfo, Request, Sink, Stats, SubmitError, TokenLogprob,
+    Backend, Event, FinishReason, ModelInfo, Request, Sequence, Sink, Stats, SubmitError, Ticket,
+    TokenLogprob,
 };
 use hearth_tokenizer::Tokenizer;
 
@@ -228,24 +230,7 @@ impl Backend for ScriptedBackend {
         if self.queue_full.load(Ordering::SeqCst) {
             return Err(SubmitError::QueueFull { queued: 64 });
         }
-        if request.prompt.is_empty() {
-            return Err(SubmitError::Invalid("the prompt is empty".into()));
-        }
-        if let Some(&bad) = request
-            .prompt
-            .iter()
-            .find(|&&id| id as usize >= self.info.n_vocab)
-        {
-            return Err(SubmitError::Invalid(format!(
-                "token id {bad} is outside the vocabulary"
-            )));
-        }
-        if request.prompt.len() >= self.info.n_ctx {
-            return Err(SubmitError::PromptTooLong {
-                prompt: request.prompt.len(),
-                n_ctx: self.info.n_ctx,
-            });
-        }
+        check_request(&request, self.info.n_ctx, self.info.n_vocab)?;
         let script = self
             .script
             .lock()
@@ -258,49 +243,16 @@ impl Backend for ScriptedBackend {
                 return Ok(());
             }
         }
-        // As the engine does: a stop string ends the reply at its earliest match, and the tokens
-        // that spell it are still generated (their text held back), so the reply's token ids
-        // decode to the text plus the stop string. max_tokens cuts the tokens.
-        let text = script.text.as_str();
-        let stop_at = request
-            .stop
-            .iter()
-            .filter_map(|s| text.find(s.as_str()).map(|p| (p, p + s.len())))
-            .min();
-        let mut pieces: Vec<(u32, String)> = Vec::new();
-        let mut at = 0;
-        let mut finish = script.finish;
-        for (id, piece) in self.pieces(text, &script.cuts) {
-            let end = at + piece.len();
-            match stop_at {
-                Some((s, e)) if end > s => {
-                    let keep = text.get(at.min(s)..s).unwrap_or("").to_string();
-                    pieces.push((id, keep));
-                    if end >= e {
-                        finish = FinishReason::Stop;
-                        break;
-                    }
-                }
-                _ => pieces.push((id, piece)),
-            }
-            at = end;
-        }
-        let room = self.info.n_ctx - request.prompt.len();
-        let budget = request.max_tokens.unwrap_or(usize::MAX).min(room);
-        if pieces.len() > budget {
-            pieces.truncate(budget);
-            finish = FinishReason::Length;
-        }
-        let n_prompt = request.prompt.len();
-        let in_flight = self.in_flight.clone();
-        let generated = self.generated.clone();
-        self.prompt_tokens
-            .fetch_add(n_prompt as u64, Ordering::Relaxed);
-        in_flight.fetch_add(1, Ordering::SeqCst);
+        // The pieces go through the engine's own sequence state machine, so stop strings, length
+        // limits and the events sent are exactly the engine's.
+        let pieces = self.pieces(&script.text, &script.cuts);
         let logprobs = request.logprobs;
+        self.prompt_tokens
+            .fetch_add(request.prompt.len() as u64, Ordering::Relaxed);
+        let generated = self.generated.clone();
+        let mut seq =
+            Sequence::new(request, sink, self.info.n_ctx).with_ticket(Ticket::new(&self.in_flight));
         std::thread::spawn(move || {
-            let mut n_gen = 0;
-            let mut alive = true;
             for (id, p) in &pieces {
                 let id = *id;
                 if !script.delay.is_zero() {
@@ -318,29 +270,12 @@ impl Backend for ScriptedBackend {
                         })
                         .collect(),
                 });
-                n_gen += 1;
                 generated.fetch_add(1, Ordering::Relaxed);
-                if !sink(Event::Token {
-                    id,
-                    text: p.clone(),
-                    logprob,
-                }) {
-                    alive = false;
-                    break;
+                if seq.accept(id, p.as_bytes(), logprob).is_over() {
+                    return;
                 }
             }
-            // The sequence is freed before the reply ends, as in the engine, so a client that
-            // reads /metrics after its reply sees it gone.
-            in_flight.fetch_sub(1, Ordering::SeqCst);
-            if alive {
-                sink(Event::Done {
-                    finish,
-                    text: String::new(),
-                    n_prompt,
-                    n_cached: 0,
-                    n_gen,
-                });
-            }
+            seq.finish(script.finish);
         });
         Ok(())
     }

@@ -6,12 +6,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use hearth_constrain::Constrainer;
 use hearth_engine::{Backend, ChatEncoder, ModelInfo};
-use hearth_tokenizer::template::ChatTemplate;
+use hearth_tokenizer::template::{ChatInput, ChatTemplate};
 use hearth_tokenizer::Tokenizer;
 
-use crate::error::{Api, ApiError};
+use crate::error::ApiError;
+use crate::listen::ConnStats;
 use crate::metrics::Metrics;
 use crate::parse::ToolFormat;
+use crate::stream::StreamConfig;
 
 /// Server settings that do not depend on the model.
 #[derive(Clone, Debug)]
@@ -20,6 +22,8 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Largest request body in bytes (larger → 413).
     pub max_body: usize,
+    /// How streamed replies are written (the write timeout).
+    pub stream: StreamConfig,
 }
 
 impl Default for ServerConfig {
@@ -27,6 +31,7 @@ impl Default for ServerConfig {
         ServerConfig {
             api_key: None,
             max_body: 16 << 20,
+            stream: StreamConfig::default(),
         }
     }
 }
@@ -57,6 +62,20 @@ impl Loaded {
         self.backend.tokenizer()
     }
 
+    /// Renders a conversation through the chat template (message strings escaped so their text
+    /// never becomes control tokens). A template that refuses the conversation is a 400 naming
+    /// why; one that ran out of memory or time (the template's fault, whatever the request) a 500.
+    pub fn render_chat(&self, input: &ChatInput) -> Result<String, ApiError> {
+        self.encoder.render(&self.template, input).map_err(|e| {
+            if e.is_resource() {
+                tracing::error!("chat template failed: {e}");
+                ApiError::internal(e.to_string())
+            } else {
+                ApiError::bad_request(e.to_string())
+            }
+        })
+    }
+
     /// The grammar compiler for this model (built on the first call).
     pub fn constrainer(&self) -> Result<Arc<Constrainer>, String> {
         self.constrainer
@@ -73,6 +92,7 @@ struct Inner {
     config: ServerConfig,
     loaded: OnceLock<Arc<Loaded>>,
     metrics: Metrics,
+    connections: ConnStats,
     started: u64,
 }
 
@@ -90,6 +110,7 @@ impl AppState {
                 config,
                 loaded: OnceLock::new(),
                 metrics: Metrics::default(),
+                connections: ConnStats::default(),
                 started: SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs()),
@@ -122,17 +143,23 @@ impl AppState {
     }
 
     /// The loaded model, or 503 while loading.
-    pub fn loaded(&self, api: Api) -> Result<Arc<Loaded>, ApiError> {
+    pub fn loaded(&self) -> Result<Arc<Loaded>, ApiError> {
         self.inner
             .loaded
             .get()
             .cloned()
-            .ok_or_else(|| ApiError::loading(api))
+            .ok_or_else(ApiError::loading)
     }
 
     /// Whether the model is loaded.
     pub fn is_ready(&self) -> bool {
         self.inner.loaded.get().is_some()
+    }
+
+    /// `Err` with the reason while the server cannot serve: loading, or its engine failed.
+    pub fn health(&self) -> Result<(), ApiError> {
+        let l = self.loaded()?;
+        l.backend.health().map_err(ApiError::unavailable)
     }
 
     /// The configuration.
@@ -143,6 +170,11 @@ impl AppState {
     /// Request counters.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// The connection layer's counters (filled by [`crate::listen::serve`]).
+    pub fn connections(&self) -> &ConnStats {
+        &self.inner.connections
     }
 
     /// Unix time the server started (the `created` of `/v1/models`).

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use hearth_constrain::{ConstrainError, Constrainer, Grammar, Spec, Tool, ToolSyntax};
 use serde_json::{Map, Value};
 
-use crate::error::{Api, ApiError};
+use crate::error::ApiError;
 use crate::parse::ToolFormat;
 use crate::state::Loaded;
 
@@ -42,7 +42,6 @@ pub fn openai_format(
     grammar: Option<&str>,
     json_schema: Option<&Value>,
 ) -> Result<Option<Spec>, ApiError> {
-    let api = Api::OpenAi;
     let from_format = match response_format {
         None | Some(Value::Null) => None,
         Some(Value::Object(rf)) => match rf.get("type").and_then(Value::as_str) {
@@ -60,7 +59,6 @@ pub fn openai_format(
                 match schema {
                     Some(s) if !s.is_null() => Some(Spec::JsonSchema(s.clone())),
                     _ => return Err(ApiError::invalid_param(
-                        api,
                         "response_format",
                         "`response_format.json_schema.schema` is required for type `json_schema`",
                     )),
@@ -69,7 +67,6 @@ pub fn openai_format(
             other => {
                 let got = other.map_or("nothing".to_string(), |t| format!("`{t}`"));
                 return Err(ApiError::invalid_param(
-                    api,
                     "response_format",
                     format!("`response_format.type` must be `text`, `json_object` or `json_schema`, got {got}"),
                 ));
@@ -77,7 +74,6 @@ pub fn openai_format(
         },
         Some(_) => {
             return Err(ApiError::invalid_param(
-                api,
                 "response_format",
                 "`response_format` must be an object",
             ))
@@ -90,7 +86,6 @@ pub fn openai_format(
     ];
     if given.iter().filter(|&&b| b).count() > 1 {
         return Err(ApiError::bad_request(
-            api,
             "give only one of `response_format`, `grammar` and `json_schema`",
         ));
     }
@@ -113,15 +108,13 @@ pub fn ollama_format(format: Option<&Value>) -> Result<Option<Spec>, ApiError> {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) if s.is_empty() => Ok(None),
         Some(Value::String(s)) if s == "json" => Ok(Some(Spec::JsonObject)),
-        Some(Value::String(s)) => Err(ApiError::bad_request(
-            Api::Ollama,
-            format!("`format` must be \"json\" or a JSON schema, got \"{s}\""),
-        )),
+        Some(Value::String(s)) => Err(ApiError::bad_request(format!(
+            "`format` must be \"json\" or a JSON schema, got \"{s}\""
+        ))),
         Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
             Ok(Some(Spec::JsonSchema(schema.clone())))
         }
         Some(_) => Err(ApiError::bad_request(
-            Api::Ollama,
             "`format` must be \"json\" or a JSON schema",
         )),
     }
@@ -150,7 +143,6 @@ pub fn openai_tool_force(choice: Option<&Value>, tools: &[Value]) -> Result<Tool
             }),
             "required" => Ok(ToolForce::Required(Vec::new())),
             other => Err(ApiError::invalid_param(
-                Api::OpenAi,
                 "tool_choice",
                 format!("`tool_choice` must be none, auto, required or a function, got `{other}`"),
             )),
@@ -162,7 +154,6 @@ pub fn openai_tool_force(choice: Option<&Value>, tools: &[Value]) -> Result<Tool
                 .and_then(Value::as_str)
                 .ok_or_else(|| {
                     ApiError::invalid_param(
-                        Api::OpenAi,
                         "tool_choice",
                         "`tool_choice.function.name` is required",
                     )
@@ -170,7 +161,6 @@ pub fn openai_tool_force(choice: Option<&Value>, tools: &[Value]) -> Result<Tool
             Ok(ToolForce::Required(vec![name.to_string()]))
         }
         Some(_) => Err(ApiError::invalid_param(
-            Api::OpenAi,
             "tool_choice",
             "`tool_choice` must be a string or an object",
         )),
@@ -187,7 +177,6 @@ pub fn anthropic_tool_force(choice: Option<&Value>) -> Result<ToolForce, ApiErro
         Some("tool") => match o.get("name").and_then(Value::as_str) {
             Some(n) => Ok(ToolForce::Required(vec![n.to_string()])),
             None => Err(ApiError::bad_request(
-                Api::Anthropic,
                 "tool_choice.name: required for type \"tool\"",
             )),
         },
@@ -196,12 +185,7 @@ pub fn anthropic_tool_force(choice: Option<&Value>) -> Result<ToolForce, ApiErro
 }
 
 /// The tool-call constraint for `tools` (OpenAI, Anthropic or bare shape) under `force`.
-pub fn tool_spec(
-    l: &Loaded,
-    api: Api,
-    tools: &[Value],
-    force: &ToolForce,
-) -> Result<Option<Spec>, ApiError> {
+pub fn tool_spec(l: &Loaded, tools: &[Value], force: &ToolForce) -> Result<Option<Spec>, ApiError> {
     let (names, optional) = match force {
         ToolForce::None => return Ok(None),
         ToolForce::Required(names) => (names.as_slice(), false),
@@ -232,7 +216,6 @@ pub fn tool_spec(
     }
     if all.is_empty() {
         return Err(ApiError::bad_request(
-            api,
             "a tool call is required but no tools are given",
         ));
     }
@@ -244,13 +227,10 @@ pub fn tool_spec(
             .filter(|t| names.contains(&t.name))
             .collect();
         if picked.is_empty() {
-            return Err(ApiError::bad_request(
-                api,
-                format!(
-                    "tool_choice names `{}`, which is not among the tools",
-                    names.join("`, `")
-                ),
-            ));
+            return Err(ApiError::bad_request(format!(
+                "tool_choice names `{}`, which is not among the tools",
+                names.join("`, `")
+            )));
         }
         picked
     };
@@ -261,13 +241,11 @@ pub fn tool_spec(
         _ if optional => return Ok(None),
         ToolFormat::Qwen3CoderXml => {
             return Err(ApiError::bad_request(
-                api,
                 "forcing a tool call is not supported for this model's tool-call syntax (Qwen3-Coder XML); use tool_choice auto",
             ))
         }
         ToolFormat::None => {
             return Err(ApiError::bad_request(
-                api,
                 "this model's chat template has no tool-call syntax, so a tool call cannot be forced",
             ))
         }
@@ -280,14 +258,9 @@ pub fn tool_spec(
 }
 
 /// A reply may have one constraint: a format and a forced tool call together are refused.
-pub fn one_of(
-    api: Api,
-    format: Option<Spec>,
-    tools: Option<Spec>,
-) -> Result<Option<Spec>, ApiError> {
+pub fn one_of(format: Option<Spec>, tools: Option<Spec>) -> Result<Option<Spec>, ApiError> {
     match (format, tools) {
         (Some(_), Some(_)) => Err(ApiError::bad_request(
-            api,
             "a reply can follow a response format or a forced tool call, not both",
         )),
         (f, t) => Ok(f.or(t)),
@@ -304,26 +277,14 @@ pub fn no_thinking(mut kwargs: Map<String, Value>) -> Map<String, Value> {
 
 /// Compiles `spec` for this model; a spec the engine refuses is a 400 naming why (`param` is the
 /// request field it came from).
-pub fn compile(l: &Loaded, api: Api, param: &str, spec: &Spec) -> Result<Grammar, ApiError> {
+pub fn compile(l: &Loaded, param: &str, spec: &Spec) -> Result<Grammar, ApiError> {
     let c: Arc<Constrainer> = l
         .constrainer()
-        .map_err(|e| ApiError::internal(api, format!("structured output is unavailable: {e}")))?;
+        .map_err(|e| ApiError::internal(format!("structured output is unavailable: {e}")))?;
     c.compile(spec).map_err(|e| match e {
-        ConstrainError::Vocab(_) | ConstrainError::Violated(_) => {
-            ApiError::internal(api, e.to_string())
-        }
-        _ => ApiError::invalid_param(api, param, format!("`{param}`: {e}")),
+        ConstrainError::Vocab(_) | ConstrainError::Violated(_) => ApiError::internal(e.to_string()),
+        _ => ApiError::invalid_param(param, format!("`{param}`: {e}")),
     })
-}
-
-/// The request field a spec came from, for error messages.
-pub fn param_of(spec: &Spec, api: Api) -> &'static str {
-    match (spec, api) {
-        (Spec::ToolCall { .. }, _) => "tools",
-        (Spec::Gbnf(_), _) => "grammar",
-        (_, Api::Ollama) => "format",
-        _ => "response_format",
-    }
 }
 
 #[cfg(test)]

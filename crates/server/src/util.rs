@@ -10,11 +10,9 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::error::{Api, ApiError};
-use crate::gen;
+use crate::error::ApiError;
+use crate::fields;
 use crate::state::AppState;
-
-const API: Api = Api::OpenAi;
 
 /// `/tokenize` body.
 #[derive(Deserialize, Debug)]
@@ -41,27 +39,32 @@ pub async fn tokenize(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: TokenizeRequest = gen::parse_body(API, body)?;
-    let l = state.loaded(API)?;
-    let tok = l.tok();
-    let ids = tok.encode_with_specials(
-        &req.content,
-        req.add_special.unwrap_or(false),
-        req.parse_special.unwrap_or(true),
-    );
-    let tokens: Vec<Value> = if req.with_pieces.unwrap_or(false) {
-        ids.iter()
-            .map(|&id| {
-                let piece = tok.token_to_piece(id, true);
-                match std::str::from_utf8(piece) {
-                    Ok(s) => json!({"id": id, "piece": s}),
-                    Err(_) => json!({"id": id, "piece": piece}),
-                }
-            })
-            .collect()
-    } else {
-        ids.iter().map(|&id| json!(id)).collect()
-    };
+    let req: TokenizeRequest = fields::parse_body(body)?;
+    let l = state.loaded()?;
+    // Up to a whole request body of text: tokenized on the blocking pool, not an async worker.
+    let tokens = tokio::task::spawn_blocking(move || {
+        let tok = l.tok();
+        let ids = tok.encode_with_specials(
+            &req.content,
+            req.add_special.unwrap_or(false),
+            req.parse_special.unwrap_or(true),
+        );
+        if req.with_pieces.unwrap_or(false) {
+            ids.iter()
+                .map(|&id| {
+                    let piece = tok.token_to_piece(id, true);
+                    match std::str::from_utf8(piece) {
+                        Ok(s) => json!({"id": id, "piece": s}),
+                        Err(_) => json!({"id": id, "piece": piece}),
+                    }
+                })
+                .collect::<Vec<Value>>()
+        } else {
+            ids.iter().map(|&id| json!(id)).collect()
+        }
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?;
     Ok(Json(json!({"tokens": tokens})).into_response())
 }
 
@@ -70,8 +73,8 @@ pub async fn detokenize(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: DetokenizeRequest = gen::parse_body(API, body)?;
-    let l = state.loaded(API)?;
+    let req: DetokenizeRequest = fields::parse_body(body)?;
+    let l = state.loaded()?;
     let n_vocab = l.tok().vocab_size();
     let ids = req
         .tokens
@@ -82,7 +85,6 @@ pub async fn detokenize(
                 .filter(|&i| (i as usize) < n_vocab)
                 .ok_or_else(|| {
                     ApiError::invalid_param(
-                        API,
                         "tokens",
                         format!("token id {id} is outside the vocabulary (size {n_vocab})"),
                     )
@@ -92,34 +94,39 @@ pub async fn detokenize(
     Ok(Json(json!({"content": l.tok().decode(&ids, true)})).into_response())
 }
 
-/// `GET /health`: 503 `{"status": "loading"}` until the model is loaded, then 200 `{"status": "ok"}`.
+/// `GET /health`: 503 `{"status": "loading"}` until the model is loaded, then 200 `{"status": "ok"}`;
+/// 503 `{"status": "error", "error": ...}` once the engine has failed and cannot serve any more.
 pub async fn health(State(state): State<AppState>) -> Response {
-    if state.is_ready() {
-        (StatusCode::OK, Json(json!({"status": "ok"}))).into_response()
-    } else {
-        (
+    let (status, body) = match state.health() {
+        Ok(()) => (StatusCode::OK, json!({"status": "ok"})),
+        Err(_) if !state.is_ready() => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "loading"})),
-        )
-            .into_response()
-    }
+            json!({"status": "loading"}),
+        ),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "error", "error": e.message}),
+        ),
+    };
+    (status, Json(body)).into_response()
 }
 
 /// `GET /metrics` in the Prometheus text format.
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    let stats = state.loaded(API).ok().map(|l| l.backend.stats());
+    let stats = state.loaded().ok().map(|l| l.backend.stats());
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.metrics().render(stats.as_ref()),
+        state
+            .metrics()
+            .render(stats.as_ref(), Some(state.connections())),
     )
         .into_response()
 }
 
 /// Unknown paths: 404 in the shape of the API the path looks like.
 pub async fn not_found(uri: Uri) -> Response {
-    let path = uri.path();
-    ApiError::not_found(crate::api_of(path), format!("no endpoint {path}")).into_response()
+    ApiError::not_found(format!("no endpoint {}", uri.path())).into_response()
 }

@@ -244,14 +244,14 @@ async fn anthropic_bad_input() {
         ),
         (
             "/v1/messages",
-            r#"{"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}"#.into(),
+            r#"{"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}"#.into(),
             "role",
         ),
         (
             "/v1/messages",
-            r#"{"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "weird"}]}]}"#
+            r#"{"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}"#
                 .into(),
-            "block",
+            "image",
         ),
         (
             "/v1/messages/count_tokens",
@@ -345,6 +345,25 @@ async fn api_key_is_required_except_for_health() {
     let r = send(s.app(), "POST", "/v1/chat/completions", &body, &[]).await;
     assert_openai(&r, 401, "missing API key");
     assert_eq!(r.json()["error"]["type"], "authentication_error");
+    assert!(
+        r.headers
+            .get("www-authenticate")
+            .is_some_and(|v| v.to_str().unwrap().starts_with("Bearer")),
+        "a 401 names its scheme"
+    );
+    // The scheme name is case-insensitive (RFC 9110).
+    for scheme in ["BEARER", "bearer", "Bearer", "bEaReR"] {
+        let auth = format!("{scheme} sekrit");
+        let r = send(
+            s.app(),
+            "POST",
+            "/v1/chat/completions",
+            &body,
+            &[("authorization", auth.as_str())],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{scheme}");
+    }
     let r = send(
         s.app(),
         "POST",

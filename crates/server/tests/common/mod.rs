@@ -29,6 +29,8 @@ pub enum Tpl {
     Coder,
     /// ChatML that ends the prompt inside `<think>\n`.
     OpensThink,
+    /// This source.
+    Custom(String),
 }
 
 pub struct Setup {
@@ -55,6 +57,7 @@ pub fn setup_with(script: Script, tpl: Tpl, config: ServerConfig, n_ctx: usize) 
             hearth_tokenizer::template::CHATML_TEMPLATE
         ))
         .unwrap(),
+        Tpl::Custom(src) => ChatTemplate::new(&src).unwrap(),
     };
     let backend = Arc::new(b);
     let state = AppState::new(config, backend.clone(), template);

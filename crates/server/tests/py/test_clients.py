@@ -167,7 +167,8 @@ def test_anthropic_messages_streamed_equals_non_streamed():
     assert final.stop_reason == whole.stop_reason
     assert final.usage.output_tokens == whole.usage.output_tokens
     n = c.messages.count_tokens(model="claude-x", system="Be brief.", messages=MSGS)
-    assert n.input_tokens == whole.usage.input_tokens
+    # As Anthropic counts: the prompt is input_tokens + cache_read_input_tokens (+ cache creation).
+    assert n.input_tokens == whole.usage.input_tokens + whole.usage.cache_read_input_tokens
 
 
 @real
