@@ -28,13 +28,17 @@
 //! instruction budget ("fuel", so `{% for i in range(10**9) %}` or runaway recursion ends in an
 //! error instead of a hang), recursion is capped, and output beyond a size limit is an error.
 //! Request data (messages, tools, kwargs) cannot get around these bounds. A template written to
-//! attack its host can: MiniJinja offers no hook on `namespace()` assignments, so a loop doubling a
-//! string held in a namespace exhausts memory in a few dozen steps, and a list nested a few hundred
-//! thousand levels deep overflows the stack when MiniJinja drops it. A template is therefore trusted
-//! as much as the model file or command line it comes from.
+//! attack its host can get around them in process: MiniJinja offers no hook on `~`, `*` or
+//! `namespace()` assignments, so a loop doubling a string held in a namespace exhausts memory in a
+//! few dozen steps, and a list nested a few hundred thousand levels deep overflows the stack when
+//! MiniJinja drops it. [`ChatTemplate::isolate`] therefore moves rendering into worker processes
+//! with their own memory limit ([`isolated`]): such a template then fails its render with
+//! [`TemplateError::ResourceLimit`] and nothing else is lost. Servers render that way; without
+//! isolation a template is trusted as much as the file or command line it comes from.
 
 mod clock;
 mod filters;
+pub mod isolated;
 mod json;
 mod pyrepr;
 mod pystr;
@@ -135,10 +139,41 @@ pub enum TemplateError {
     /// `messages`, `tools`, `documents` or `add_generation_prompt`, which Python rejects too).
     #[error("invalid chat template input: {0}")]
     InvalidInput(String),
+    /// The render exhausted its worker's memory (or stack): the template builds values too large
+    /// to keep (a template bomb).
+    #[error("chat template exceeded its memory budget of {} MiB while rendering (a runaway template?)", limit_bytes >> 20)]
+    ResourceLimit {
+        /// The worker's memory limit.
+        limit_bytes: u64,
+    },
+    /// The render took longer than its worker's time limit.
+    #[error("chat template render took longer than {seconds} s")]
+    Timeout {
+        /// The limit.
+        seconds: f64,
+    },
+    /// A render worker could not be started or answered nonsense.
+    #[error("{0}")]
+    Worker(String),
+}
+
+impl TemplateError {
+    /// Whether the template itself is at fault in a way no conversation can avoid (it ran out of
+    /// memory or time, or could not run at all), as opposed to refusing this conversation.
+    pub fn is_resource(&self) -> bool {
+        matches!(
+            self,
+            TemplateError::ResourceLimit { .. }
+                | TemplateError::Timeout { .. }
+                | TemplateError::Worker(_)
+                | TemplateError::OutOfFuel { .. }
+                | TemplateError::OutputTooLarge { .. }
+        )
+    }
 }
 
 /// What a chat template is rendered with; the names are the variables the template sees.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChatInput {
     /// The conversation: objects with `role`, `content` (string, null, or a list of parts) and
     /// optionally `reasoning_content`, `tool_calls` (each `{"type": "function", "function": {"name",
@@ -167,6 +202,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
     limits: Limits,
+    /// Render workers, once [`ChatTemplate::isolate`]d.
+    workers: Option<isolated::Workers>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -200,6 +237,7 @@ impl ChatTemplate {
             env,
             source: source.to_owned(),
             limits,
+            workers: None,
         })
     }
 
@@ -239,8 +277,49 @@ impl ChatTemplate {
         self.limits
     }
 
-    /// Renders the prompt for `input`.
+    /// From now on, renders run in worker processes started by `cmd`, each under its memory and
+    /// time limits (see [`isolated`]).
+    pub fn isolate(mut self, cmd: isolated::WorkerCommand) -> ChatTemplate {
+        self.workers = Some(isolated::Workers::new(&self, cmd));
+        self
+    }
+
+    /// Whether renders run in worker processes.
+    pub fn is_isolated(&self) -> bool {
+        self.workers.is_some()
+    }
+
+    /// A dry render of a short sample conversation (system, user, assistant, user), to find a
+    /// template that cannot render at all before the first request does.
+    pub fn check(&self) -> Result<(), TemplateError> {
+        let msg = |role: &str, content: &str| serde_json::json!({"role": role, "content": content});
+        let input = ChatInput {
+            messages: vec![
+                msg("system", "You are a helpful assistant."),
+                msg("user", "Hello!"),
+                msg("assistant", "Hello! How can I help?"),
+                msg("user", "What is 2 + 2?"),
+            ],
+            add_generation_prompt: true,
+            ..ChatInput::default()
+        };
+        match self.render(&input) {
+            Err(e) if e.is_resource() => Err(e),
+            // A template may refuse this conversation (no system role, say): not a defect.
+            _ => Ok(()),
+        }
+    }
+
+    /// Renders the prompt for `input` (in a worker when isolated).
     pub fn render(&self, input: &ChatInput) -> Result<String, TemplateError> {
+        match &self.workers {
+            Some(w) => w.render(input),
+            None => self.render_here(input),
+        }
+    }
+
+    /// Renders in this process, whether isolated or not (what a worker runs).
+    pub fn render_here(&self, input: &ChatInput) -> Result<String, TemplateError> {
         let ctx = context(input)?;
         let template = self
             .env

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use hearth_gguf::Gguf;
 use hearth_model::{KvType, Model, ThreadPool};
-use hearth_tokenizer::template::ChatTemplate;
+use hearth_tokenizer::template::{isolated, ChatTemplate};
 use hearth_tokenizer::Tokenizer;
 
 /// The model file and how to run it (`-c` and `-t` mean the same in every command).
@@ -120,23 +120,47 @@ impl ModelArgs {
     }
 }
 
-/// The chat template: `--chat-template FILE`, else the file's, else ChatML with a warning.
+/// The chat template: `--chat-template FILE`, else the file's, else ChatML with a warning;
+/// rendered in isolated workers (see [`isolated`]).
 pub fn chat_template(loaded: &Loaded, file: Option<&PathBuf>) -> Result<ChatTemplate> {
-    if let Some(f) = file {
+    let template = if let Some(f) = file {
         let src = std::fs::read_to_string(f)
             .with_context(|| format!("cannot read chat template {}", f.display()))?;
-        return ChatTemplate::new(&src).with_context(|| format!("chat template {}", f.display()));
-    }
-    match loaded
-        .model
-        .gguf()
-        .metadata()
-        .get_str("tokenizer.chat_template")
-    {
-        Some(src) => ChatTemplate::new(src).context("the model's chat template"),
-        None => {
-            eprintln!("warning: the model has no chat template; using ChatML");
-            Ok(ChatTemplate::chatml())
+        ChatTemplate::new(&src).with_context(|| format!("chat template {}", f.display()))?
+    } else {
+        match loaded
+            .model
+            .gguf()
+            .metadata()
+            .get_str("tokenizer.chat_template")
+        {
+            Some(src) => ChatTemplate::new(src).context("the model's chat template")?,
+            None => {
+                eprintln!("warning: the model has no chat template; using ChatML");
+                ChatTemplate::chatml()
+            }
+        }
+    };
+    let template = isolate(template);
+    template
+        .check()
+        .context("the chat template cannot render a sample conversation")?;
+    Ok(template)
+}
+
+/// `template` rendered in worker processes of this binary (`hearth render-worker`), so a template
+/// that exhausts memory fails its render instead of the process.
+pub fn isolate(template: ChatTemplate) -> ChatTemplate {
+    match std::env::current_exe() {
+        Ok(exe) => template.isolate(isolated::WorkerCommand::new(
+            exe,
+            vec!["render-worker".into()],
+        )),
+        Err(e) => {
+            tracing::warn!(
+                "cannot find the running binary ({e}); chat templates render in process"
+            );
+            template
         }
     }
 }
