@@ -33,9 +33,14 @@ enum Command {
     Synth(cmd::synth::Args),
     /// Describe a GGUF file: architecture, tokenizer, metadata, tensors and a validation verdict.
     Inspect(cmd::inspect::Args),
+    /// Internal: a chat-template render worker (see `hearth_tokenizer::template::isolated`).
+    #[command(name = "render-worker", hide = true)]
+    RenderWorker,
 }
 
 fn main() {
+    // Failpoints from FAILPOINTS (a no-op unless built with them, see the `failpoints` feature).
+    let _failpoints = std::env::var_os("FAILPOINTS").map(|_| fail::FailScenario::setup());
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => cmd::run::run(args),
@@ -47,6 +52,9 @@ fn main() {
         Command::Trace(args) => cmd::trace::run(args),
         Command::Synth(args) => cmd::synth::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
+        Command::RenderWorker => {
+            std::process::exit(hearth_tokenizer::template::isolated::worker_main())
+        }
     };
     if let Err(err) = result {
         // One line on stderr, the whole cause chain joined, and a non-zero exit.

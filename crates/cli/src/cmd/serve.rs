@@ -11,6 +11,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use hearth_engine::scheduler::{Scheduler, SchedulerConfig};
 use hearth_engine::{Backend, ModelInfo};
+use hearth_server::listen::{self, ConnConfig};
+use hearth_server::stream::StreamConfig;
 use hearth_server::{AppState, ServerConfig};
 use hearth_tokenizer::template::ChatTemplate;
 
@@ -51,6 +53,23 @@ pub struct Args {
     /// Seconds replies in flight may take to finish after SIGTERM / Ctrl-C.
     #[arg(long, default_value_t = 30)]
     grace: u64,
+    /// Seconds a client may take to send a request's headers (a connection that sends nothing is
+    /// closed after this too).
+    #[arg(long, default_value_t = 20)]
+    header_timeout: u64,
+    /// Seconds a keep-alive connection may wait idle for its next request.
+    #[arg(long, default_value_t = 30)]
+    idle_timeout: u64,
+    /// Seconds a request body may stall before the request fails (408).
+    #[arg(long, default_value_t = 30)]
+    body_timeout: u64,
+    /// Seconds a streamed reply may wait for a client that stopped reading before it is cancelled.
+    #[arg(long, default_value_t = 60)]
+    write_timeout: u64,
+    /// Most open connections (default: 512, or fewer to stay below the open-file limit); at the
+    /// limit the longest-idle connection is closed, and when all are busy new ones get 503.
+    #[arg(long)]
+    max_connections: Option<usize>,
     /// Testing: play this file's text for every request instead of running the model.
     #[arg(long, hide = true)]
     scripted: Option<PathBuf>,
@@ -119,18 +138,26 @@ impl Args {
         Ok((backend, template))
     }
 
+    /// The chat template, rendered in isolated workers. One that cannot render a sample
+    /// conversation is reported now; the server still starts (its other endpoints work), and chat
+    /// requests get the same error.
     fn template(&self, from_file: Option<&str>) -> Result<ChatTemplate> {
-        if let Some(f) = &self.chat_template {
-            return ChatTemplate::from_path(f)
-                .with_context(|| format!("chat template {}", f.display()));
-        }
-        match from_file {
-            Some(src) => ChatTemplate::new(src).context("the model's chat template"),
-            None => {
-                tracing::warn!("the model has no chat template; using ChatML");
-                Ok(ChatTemplate::chatml())
+        let template = if let Some(f) = &self.chat_template {
+            ChatTemplate::from_path(f).with_context(|| format!("chat template {}", f.display()))?
+        } else {
+            match from_file {
+                Some(src) => ChatTemplate::new(src).context("the model's chat template")?,
+                None => {
+                    tracing::warn!("the model has no chat template; using ChatML");
+                    ChatTemplate::chatml()
+                }
             }
+        };
+        let template = super::common::isolate(template);
+        if let Err(e) = template.check() {
+            tracing::error!("the chat template fails on a sample conversation: {e}; chat requests will fail (use --chat-template to replace it)");
         }
+        Ok(template)
     }
 }
 
@@ -164,9 +191,33 @@ pub fn run(args: Args) -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .try_init();
+    let positive = |name: &str, v: u64| {
+        anyhow::ensure!(v > 0, "--{name} must be at least 1 second");
+        Ok(Duration::from_secs(v))
+    };
+    let conn = ConnConfig {
+        header_timeout: positive("header-timeout", args.header_timeout)?,
+        idle_timeout: positive("idle-timeout", args.idle_timeout)?,
+        body_timeout: positive("body-timeout", args.body_timeout)?,
+        max_connections: match args.max_connections {
+            Some(0) => anyhow::bail!("--max-connections must be at least 1"),
+            Some(n) => {
+                if let Some(limit) = listen::fd_limit() {
+                    if n as u64 + 16 > limit {
+                        tracing::warn!("--max-connections {n} is close to the open-file limit {limit}; accept may fail before the limit is reached");
+                    }
+                }
+                n
+            }
+            None => listen::default_max_connections(),
+        },
+    };
     let config = ServerConfig {
         api_key: args.api_key()?,
         max_body: args.max_body,
+        stream: StreamConfig {
+            write_timeout: positive("write-timeout", args.write_timeout)?,
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -180,13 +231,13 @@ pub fn run(args: Args) -> Result<()> {
         let app = hearth_server::app(state.clone());
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut stop_rx2 = stop_rx.clone();
+        let conn_stats = state.connections().clone();
         let server = tokio::spawn(async move {
             let mut rx = stop_rx;
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                })
-                .await
+            listen::serve(listener, app, conn, conn_stats, async move {
+                let _ = rx.wait_for(|s| *s).await;
+            })
+            .await
         });
         eprintln!("hearth: listening on http://{local} (loading the model)");
         let loaded = tokio::task::spawn_blocking(move || args.backend().map(|b| (b, args.grace)));
@@ -208,7 +259,7 @@ pub fn run(args: Args) -> Result<()> {
         let _ = stop_tx.send(true);
         let _ = stop_rx2.changed().await;
         match tokio::time::timeout(Duration::from_secs(grace), server).await {
-            Ok(r) => r.context("server task")?.context("server")?,
+            Ok(r) => r.context("server task")?,
             Err(_) => tracing::warn!("grace period over; exiting with replies still in flight"),
         }
         anyhow::Ok(())

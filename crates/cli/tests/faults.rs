@@ -1,0 +1,248 @@
+//! `hearth serve` under attack and faults, as a real process: a template bomb (given with
+//! `--chat-template` and carried inside a GGUF), hundreds of idle sockets under a low open-file
+//! limit, and a failpoint that makes an engine step panic. In each case the affected request gets a
+//! clear error and the server goes on serving everyone else.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+
+fn shared(rel: &str) -> String {
+    format!("{ROOT}/../shared/{rel}")
+}
+
+/// The template of the issue: 40 doublings of a string held in a namespace (a terabyte).
+const BOMB: &str = "{% set s = namespace(v='x') %}{% for i in range(40) %}{% set s.v = s.v ~ s.v %}{% endfor %}{{ s.v|length }}";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One HTTP/1.1 exchange on a fresh connection: (status, body).
+fn request(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    /// `hearth serve MODEL args...` (through `sh -c` when `prefix` sets up the shell, e.g. a
+    /// `ulimit`), once `/health` answers.
+    fn start(model: &str, args: &[&str], prefix: &str, env: &[(&str, &str)]) -> Server {
+        let port = free_port();
+        let mut cmd = format!(
+            "{prefix} exec '{}' serve '{model}' --port {port} -c 512 --parallel 2 -t 2",
+            env!("CARGO_BIN_EXE_hearth")
+        );
+        for a in args {
+            cmd.push_str(&format!(" '{a}'"));
+        }
+        let child = Command::new("sh")
+            .args(["-c", &cmd])
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let s = Server { child, port };
+        let t0 = Instant::now();
+        while request(port_or_wait(port), "GET", "/health", "").0 != 200 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the server did not become healthy"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        s
+    }
+
+    /// Peak resident memory of the server process (kB), from /proc.
+    fn peak_rss_kb(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (_, body) = request(self.port, "GET", "/metrics", "");
+        body.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    }
+}
+
+/// Waits until something listens on `port` (the server binds before loading).
+fn port_or_wait(port: u16) -> u16 {
+    let t0 = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "nothing listens");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    port
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn smollm2() -> String {
+    std::env::var("HEARTH_SMOLLM2")
+        .unwrap_or_else(|_| format!("{ROOT}/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+}
+
+const CHAT: &str =
+    r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0}"#;
+const COMPLETION: &str = r#"{"prompt":"Once upon a time","max_tokens":4,"temperature":0}"#;
+
+/// A copy of `src` whose `tokenizer.chat_template` is `template`.
+fn with_template(src: &Path, template: &str, out: &Path) {
+    let g = hearth_gguf::Gguf::open(src).unwrap();
+    let mut b = hearth_gguf::GgufBuilder::new();
+    for (k, v) in g.metadata().iter() {
+        if k != "tokenizer.chat_template" && k != "general.alignment" {
+            b = b.kv(k, v.clone());
+        }
+    }
+    b = b.kv(
+        "tokenizer.chat_template",
+        hearth_gguf::Value::String(template.into()),
+    );
+    for t in g.tensors() {
+        b = b.tensor(t.name.clone(), t.ty, &t.dims, g.tensor_data(t).to_vec());
+    }
+    std::fs::write(out, b.build().unwrap()).unwrap();
+}
+
+fn assert_bomb_contained(server: &Server) {
+    let (status, body) = request(server.port, "POST", "/v1/chat/completions", CHAT);
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("memory budget"), "a clear error: {body}");
+    // The server keeps serving: completions (no template), health, and the next chat request
+    // gets the same clean error.
+    let (status, body) = request(server.port, "POST", "/v1/completions", COMPLETION);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(request(server.port, "GET", "/health", "").0, 200);
+    let (status, _) = request(server.port, "POST", "/v1/chat/completions", CHAT);
+    assert_eq!(status, 500);
+}
+
+#[test]
+fn a_template_bomb_fails_its_request_not_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let bomb = dir.path().join("bomb.jinja");
+    std::fs::write(&bomb, BOMB).unwrap();
+    let server = Server::start(
+        &smollm2(),
+        &["--chat-template", bomb.to_str().unwrap()],
+        "",
+        &[],
+    );
+    assert_bomb_contained(&server);
+    let peak = server.peak_rss_kb();
+    assert!(
+        peak < 500 * 1024,
+        "peak RSS {peak} kB: the bomb's memory must not land in the server"
+    );
+    // The same template inside a model file.
+    let model = dir.path().join("bomb.gguf");
+    with_template(
+        &PathBuf::from(shared("fixtures/tiny-qwen3.q4_0.gguf")),
+        BOMB,
+        &model,
+    );
+    let server = Server::start(model.to_str().unwrap(), &[], "", &[]);
+    assert_bomb_contained(&server);
+}
+
+#[test]
+fn idle_sockets_beyond_the_file_limit_do_not_lock_clients_out() {
+    let server = Server::start(
+        &shared("fixtures/tiny-qwen3.q4_0.gguf"),
+        &["--header-timeout", "60"],
+        "ulimit -n 256;",
+        &[],
+    );
+    // 300 connections that send nothing, more than the process may hold open.
+    let idle: Vec<TcpStream> = (0..300)
+        .filter_map(|_| TcpStream::connect(("127.0.0.1", server.port)).ok())
+        .collect();
+    assert!(idle.len() >= 250, "opened {}", idle.len());
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    let (status, body) = request(server.port, "POST", "/v1/completions", COMPLETION);
+    assert_eq!(status, 200, "a normal client is served: {body}");
+    assert!(t0.elapsed() < Duration::from_secs(30));
+    assert!(server.metric("hearth_open_connections") < 256.0);
+    drop(idle);
+}
+
+#[test]
+fn an_idle_connection_is_closed_after_the_header_timeout() {
+    let server = Server::start(
+        &shared("fixtures/tiny-qwen3.q4_0.gguf"),
+        &["--header-timeout", "1", "--idle-timeout", "1"],
+        "",
+        &[],
+    );
+    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // Half a request head, then nothing: closed (read returns 0) within a few seconds.
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let t0 = Instant::now();
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "closed without an answer");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn a_panicking_engine_step_fails_one_request_and_the_server_goes_on() {
+    let server = Server::start(
+        &shared("fixtures/tiny-qwen3moe.q4_k_m.gguf"),
+        &[],
+        "",
+        &[("FAILPOINTS", "engine::step=1*panic(injected)")],
+    );
+    let (status, body) = request(server.port, "POST", "/v1/completions", COMPLETION);
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("internal error"), "{body}");
+    let (status, body) = request(server.port, "POST", "/v1/completions", COMPLETION);
+    assert_eq!(status, 200, "the next request is served: {body}");
+    assert_eq!(request(server.port, "GET", "/health", "").0, 200);
+    assert_eq!(server.metric("hearth_active_sequences"), 0.0);
+}
