@@ -6,9 +6,18 @@
 //! [`Event::Token`], fed through the engine's own [`Sequence`] state machine: `max_tokens` and the
 //! context cut the pieces (finish `Length`), stop strings cut the text (finish `Stop`), a sink
 //! returning false stops the stream (the request is cancelled), and the prompt is checked as the
-//! real scheduler checks it (empty, ids outside the vocabulary, longer than the context). A request with a grammar gets the script only if the grammar accepts its
-//! text (else an [`Event::Error`] naming the token refused), so tests of structured output check
+//! real scheduler checks it (empty, ids outside the vocabulary, longer than the context). A
+//! request with a grammar gets the script only if the grammar accepts its text (else an [`Event::Error`] naming the token refused), so tests of structured output check
 //! that the grammar the handler compiled admits the reply the parser expects.
+//!
+//! A backend can hold several replies, so an agent client sees a tool call on its first turn and
+//! a final answer after the tool result: reply `k` answers a request whose prompt already holds
+//! `k` assistant turns (the last reply repeats). Turns are counted in the prompt rather than
+//! requests counted as they come because clients send side requests (titles, memory, retries)
+//! concurrently with the conversation, which would shift a request counter; a retry of the same
+//! turn gets the same reply. A turn is a ChatML `<|im_start|>assistant` (every Qwen template),
+//! not counting the one the generation prompt opens; a tokenizer without `<|im_start|>` always
+//! gets the first reply.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -62,7 +71,8 @@ impl Script {
 pub struct ScriptedBackend {
     info: ModelInfo,
     tok: Arc<Tokenizer>,
-    script: Mutex<Script>,
+    /// Reply `k` for a prompt with `k` earlier assistant turns; never empty.
+    replies: Mutex<Vec<Script>>,
     /// Refuse submissions as if the queue were full.
     queue_full: AtomicBool,
     shut: AtomicBool,
@@ -89,7 +99,7 @@ impl ScriptedBackend {
         ScriptedBackend {
             info,
             tok,
-            script: Mutex::new(script),
+            replies: Mutex::new(vec![script]),
             queue_full: AtomicBool::new(false),
             shut: AtomicBool::new(false),
             in_flight: Arc::new(AtomicUsize::new(0)),
@@ -161,11 +171,48 @@ impl ScriptedBackend {
         Ok((ScriptedBackend::new(Arc::new(tok), info, script), template))
     }
 
-    /// Replaces the script for later requests.
+    /// Replaces the script for later requests: every turn gets `script`.
     pub fn set_script(&self, script: Script) {
-        if let Ok(mut s) = self.script.lock() {
-            *s = script;
+        self.set_replies(vec![script]);
+    }
+
+    /// Replaces the replies for later requests: reply `k` answers the turn after `k` assistant
+    /// turns, the last one every turn after (see the module docs). An empty list is ignored.
+    pub fn set_replies(&self, replies: Vec<Script>) {
+        if replies.is_empty() {
+            return;
         }
+        let mut r = self.replies.lock().unwrap_or_else(|e| e.into_inner());
+        *r = replies;
+    }
+
+    /// Assistant turns already in `prompt`: ChatML openings `<|im_start|>assistant`, less the
+    /// one the generation prompt ends with.
+    pub fn assistant_turns(&self, prompt: &[u32]) -> usize {
+        let Some(start) = self.tok.token_id("<|im_start|>") else {
+            return 0;
+        };
+        let role = self.tok.encode("assistant", false);
+        if role.is_empty() {
+            return 0;
+        }
+        let opened = prompt
+            .iter()
+            .enumerate()
+            .filter(|&(i, &id)| {
+                id == start && prompt.get(i + 1..).is_some_and(|r| r.starts_with(&role))
+            })
+            .count();
+        opened.saturating_sub(1)
+    }
+
+    /// The script that answers `prompt`.
+    fn reply_for(&self, prompt: &[u32]) -> Script {
+        let turn = self.assistant_turns(prompt);
+        let r = self.replies.lock().unwrap_or_else(|e| e.into_inner());
+        let k = turn.min(r.len().saturating_sub(1));
+        // `replies` is never empty (see `set_replies`); the default is only a guard.
+        r.get(k).cloned().unwrap_or_else(|| Script::new(""))
     }
 
     /// Makes submissions fail with `QueueFull` (or succeed again).
@@ -231,11 +278,7 @@ impl Backend for ScriptedBackend {
             return Err(SubmitError::QueueFull { queued: 64 });
         }
         check_request(&request, self.info.n_ctx, self.info.n_vocab)?;
-        let script = self
-            .script
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_else(|e| e.into_inner().clone());
+        let script = self.reply_for(&request.prompt);
         if let Some(g) = &request.constraint {
             self.constrained.fetch_add(1, Ordering::SeqCst);
             if let Some(why) = self.grammar_refuses(g, &script.text) {

@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use hearth_engine::scheduler::{Scheduler, SchedulerConfig};
 use hearth_engine::{Backend, ModelInfo};
 use hearth_server::listen::{self, ConnConfig};
+use hearth_server::scripted::Script;
 use hearth_server::stream::StreamConfig;
 use hearth_server::{AppState, ServerConfig};
 use hearth_tokenizer::template::ChatTemplate;
@@ -70,7 +71,10 @@ pub struct Args {
     /// limit the longest-idle connection is closed, and when all are busy new ones get 503.
     #[arg(long)]
     max_connections: Option<usize>,
-    /// Testing: play this file's text for every request instead of running the model.
+    /// Testing: play this file's text instead of running the model. Several replies are separated
+    /// by a line holding only `--- next reply ---`: reply k answers a prompt that already holds k
+    /// assistant turns, and the last one repeats (so an agent sees a tool call, then after the
+    /// tool result a final answer).
     #[arg(long, hide = true)]
     scripted: Option<PathBuf>,
 }
@@ -99,13 +103,19 @@ impl Args {
             let text = std::fs::read_to_string(script)
                 .with_context(|| format!("cannot read {}", script.display()))?;
             let n_ctx = self.model.ctx.unwrap_or(4096);
+            let replies: Vec<_> = split_replies(&text)
+                .into_iter()
+                .map(hearth_server::scripted::Script::new)
+                .collect();
+            let first = replies.first().cloned().unwrap_or_else(|| Script::new(""));
             let (b, tpl) = hearth_server::scripted::ScriptedBackend::from_gguf(
                 path,
                 n_ctx,
                 self.parallel,
-                hearth_server::scripted::Script::new(&text),
+                first,
             )
             .with_context(|| format!("cannot open {}", path.display()))?;
+            b.set_replies(replies);
             let template = self.template(tpl.as_deref())?;
             return Ok((Arc::new(b), template));
         }
@@ -159,6 +169,37 @@ impl Args {
         }
         Ok(template)
     }
+}
+
+/// The line that separates the replies of a `--scripted` file.
+const NEXT_REPLY: &str = "--- next reply ---";
+
+/// The replies of a `--scripted` file, in order. The line breaks around a separator line belong to
+/// the separator, so a reply's text ends where its last line does.
+fn split_replies(text: &str) -> Vec<&str> {
+    let mut replies = Vec::new();
+    let mut start = 0;
+    let mut line_start = 0;
+    while line_start <= text.len() {
+        let line_end = text[line_start..]
+            .find('\n')
+            .map_or(text.len(), |i| line_start + i);
+        let line = text[line_start..line_end].trim_end_matches('\r');
+        if line == NEXT_REPLY {
+            // The reply ends before the line break that precedes the separator.
+            let end = line_start.saturating_sub(1).max(start);
+            let end = if text[start..end].ends_with('\r') {
+                end - 1
+            } else {
+                end
+            };
+            replies.push(&text[start..end]);
+            start = (line_end + 1).min(text.len());
+        }
+        line_start = line_end + 1;
+    }
+    replies.push(&text[start..]);
+    replies
 }
 
 async fn shutdown_signal() {
@@ -267,4 +308,28 @@ pub fn run(args: Args) -> Result<()> {
     // Do not wait for a model load still running on a blocking thread (SIGTERM while loading).
     rt.shutdown_background();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_replies;
+
+    #[test]
+    fn replies_are_split_at_separator_lines() {
+        assert_eq!(split_replies("one reply\n"), vec!["one reply\n"]);
+        assert_eq!(split_replies(""), vec![""]);
+        assert_eq!(
+            split_replies("<tool_call>\nx\n</tool_call>\n--- next reply ---\nDone.\n"),
+            vec!["<tool_call>\nx\n</tool_call>", "Done.\n"]
+        );
+        assert_eq!(
+            split_replies("a\r\n--- next reply ---\r\nb\n--- next reply ---\nc"),
+            vec!["a", "b", "c"]
+        );
+        // At the very start and end, and a separator-like line that is not one.
+        assert_eq!(
+            split_replies("--- next reply ---\nx --- next reply ---\n--- next reply ---"),
+            vec!["", "x --- next reply ---", ""]
+        );
+    }
 }

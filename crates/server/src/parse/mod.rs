@@ -24,19 +24,37 @@
 //!   prompt opened the block and the model writes `<think>` again first, the repeat is dropped.
 //! - Tool calls are recognised in the answer, never inside reasoning. Whitespace right before a
 //!   `<tool_call>`, between calls and after the last call at the end of the output is dropped, so
-//!   the answer text does not end in the blank lines that separate the blocks.
-//! - Qwen3 JSON: a call is emitted whole (start, arguments, end) when its `</tool_call>` arrives:
-//!   the block must be valid JSON before anything is promised to the client. A block that does not
-//!   parse as `{"name": string, "arguments": object}` is released as answer text, tags included,
-//!   unless it holds a later `<tool_call>` whose text does parse (the model restarted the call).
-//!   An unterminated block at the end of generation (even cut inside `</tool_call>`) is emitted as
-//!   a call if its text parses, else released as text.
-//! - Qwen3-Coder XML: the call starts as soon as `<function=NAME>` is read; string values (by the
-//!   tool's JSON schema, or untyped) stream as they are written, other values are sent typed when
-//!   they end. An unterminated call at the end of generation is closed with the parameters read
-//!   so far (a value cut off is taken as it is, as the reference parser's `$` alternative does).
-//!   A `<tool_call>` not followed by `<function=` is answer text; a bare `<function=` without
-//!   `<tool_call>` is not recognised.
+//!   the answer text does not end in the blank lines that separate the blocks. Text before a
+//!   `<tool_call>` is answer text, released as it comes.
+//! - Both syntaxes are read whatever the template teaches (a `<tool_call>` followed by `{` is
+//!   JSON, by `<function=` XML), since models tuned on one sometimes write the other; the template
+//!   decides only what a block that is neither is taken as (see below).
+//! - Tool calls never break a client. A call is emitted only once it is complete, whole (start,
+//!   arguments, end at once), and what is not a complete call of an offered tool is answer text,
+//!   as written, with a logged warning. Never an error, never a panic:
+//!   - A call cut off by the end of the output comes back as text, not lost and not run half
+//!     written (a truncated `rm -rf /tmp/x` is another command). Complete means, for JSON, a
+//!     block whose text parses (a cut inside the closing `</tool_call>` is fine); for XML, a
+//!     function closed by `</function>` (or its block's `</tool_call>`). This replaces the
+//!     reference parsers' "close an unterminated call with what was read": the agents issue asks
+//!     for the text, and streaming a call's arguments before it is complete cannot be undone.
+//!   - A call naming a tool the request did not offer is text (the names are the keys of
+//!     [`ParserConfig::tool_schemas`]; an empty map offers every name).
+//!   - A block that is not a call (invalid JSON, no name, arguments not an object, an empty
+//!     function name) is text, tags included.
+//! - Arguments follow the tool's JSON schema: Qwen3-Coder XML values are typed by it (integer,
+//!   number, boolean, object / array parsed from JSON text; strings verbatim), and Qwen3 JSON
+//!   values the model wrote as strings where the schema declares another type are converted the
+//!   same way. Values that do not convert stay as written.
+//! - Qwen3 JSON: a block is collected until its `</tool_call>`. A block that does not parse as
+//!   `{"name": string, "arguments": object}` is released as answer text, tags included, unless it
+//!   holds a later `<tool_call>` whose text does parse (the model restarted the call). In the Qwen3
+//!   template's mode any `<tool_call>` opens a candidate block; in the Qwen3-Coder mode a
+//!   `<tool_call>` followed by neither `{` nor `<function=` is text at once.
+//! - Qwen3-Coder XML (see `qwen3_coder_xml`): values are verbatim, multi-line, and may contain `<`
+//!   and tag lookalikes: `</parameter>` ends a value only before the next tag or the end of the
+//!   output, and an open value ends at another tag only at the start of a line. A bare
+//!   `<function=` without `<tool_call>` is not recognised.
 //! - Arguments are compact JSON (`{"city":"Paris"}`), keys in the order written.
 //!
 //! The parser never panics and does work linear in the length of the output.
@@ -49,12 +67,14 @@ mod tests;
 
 use std::collections::HashMap;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
-use qwen3_coder_xml::XmlCall;
-use scan::{is_ws, TagMatch, XmlOpen};
+use qwen3_coder_xml::{Context, XmlCall};
+use scan::{is_ws, BlockOpen, TagMatch};
 
-/// Which tool-call syntax the model writes, decided from its chat template.
+/// Which tool-call syntax the model writes, decided from its chat template. Either syntax is
+/// parsed under both `Qwen3Json` and `Qwen3CoderXml` (see the module docs); the variant decides
+/// what a `<tool_call>` followed by neither is taken as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolFormat {
     /// No tool calls are parsed: `<tool_call>` is ordinary text.
@@ -93,7 +113,8 @@ pub struct ParserConfig {
     /// Ignored when `reasoning` is false.
     pub starts_in_reasoning: bool,
     /// JSON schema of each tool's parameters (`{"type": "object", "properties": {..}}`), by tool
-    /// name, used to type Qwen3-Coder XML parameter values. Empty: every value is a string.
+    /// name, used to type argument values; its keys are the tools the request offered, and a call
+    /// to another name is answer text. Empty: any name is a call and every XML value a string.
     /// Build it from a request with [`tool_schemas_from_request`].
     pub tool_schemas: HashMap<String, Value>,
     /// Seed of the tool-call ids, so a reply's ids are reproducible (and identical streamed and not).
@@ -116,14 +137,18 @@ impl ParserConfig {
 /// Collects the parameter schemas of the tools in a request, by tool name.
 ///
 /// Accepts the OpenAI shape (`[{"type": "function", "function": {"name", "parameters"}}]`), the
-/// Anthropic shape (`[{"name", "input_schema"}]`) and the bare `[{"name", "parameters"}]` shape;
-/// entries that match none are skipped.
+/// Anthropic shape (`[{"name", "input_schema"}]`) and the bare `[{"name", "parameters"}]` shape
+/// (also the Responses API's); entries that match none are skipped, and so is a Responses
+/// `namespace` entry (Codex sends one), whose name is not a function the model can call.
 pub fn tool_schemas_from_request(tools: &Value) -> HashMap<String, Value> {
     let mut out = HashMap::new();
     let Some(list) = tools.as_array() else {
         return out;
     };
     for tool in list {
+        if tool.get("type").and_then(Value::as_str) == Some("namespace") {
+            continue;
+        }
         let f = tool.get("function").unwrap_or(tool);
         let Some(name) = f.get("name").and_then(Value::as_str) else {
             continue;
@@ -286,6 +311,8 @@ pub struct StreamParser {
     next_index: usize,
     /// Deltas produced by the current call, merged where adjacent.
     out: Vec<Delta>,
+    /// Text a closed tool-call block handed back, to be read as answer text before the rest.
+    giveback: String,
 }
 
 impl StreamParser {
@@ -306,6 +333,7 @@ impl StreamParser {
             after_tool_call: false,
             next_index: 0,
             out: Vec::new(),
+            giveback: String::new(),
         }
     }
 
@@ -317,11 +345,22 @@ impl StreamParser {
             return std::mem::take(&mut self.out);
         }
         self.buf.push_str(text);
-        let buf = std::mem::take(&mut self.buf);
-        let mut pos = 0;
-        self.run(&buf, &mut pos);
-        // What is left is short (a partial tag), so this copy keeps the work linear.
-        self.buf = buf.get(pos..).unwrap_or("").to_string();
+        loop {
+            let buf = std::mem::take(&mut self.buf);
+            let mut pos = 0;
+            self.run(&buf, &mut pos);
+            // What is left is short (a partial tag), so this copy keeps the work linear.
+            let rest = buf.get(pos..).unwrap_or("");
+            if self.giveback.is_empty() {
+                self.buf = rest.to_string();
+                break;
+            }
+            // A block ended and gave text back (it was not a call after all): read it first. Each
+            // give-back starts after a `<tool_call>` already consumed, so this ends.
+            let mut again = std::mem::take(&mut self.giveback);
+            again.push_str(rest);
+            self.buf = again;
+        }
         std::mem::take(&mut self.out)
     }
 
@@ -364,11 +403,17 @@ impl StreamParser {
                 self.resolve_json_block(&j.lead_ws, &block, false);
             }
             Mode::XmlCall(mut x) => {
-                let mut sink = Vec::new();
-                let _ = x.push(&rest, &mut sink, &self.cfg.tool_schemas, self.cfg.id_seed);
-                x.finish(&mut sink, &self.cfg.tool_schemas);
+                // The call modes take all their input, so `rest` is empty; pushed for safety.
+                let cx = Context {
+                    schemas: &self.cfg.tool_schemas,
+                    seed: self.cfg.id_seed,
+                };
+                let text = match x.push(&rest, &mut self.out, &cx) {
+                    qwen3_coder_xml::Outcome::More => x.finish(),
+                    qwen3_coder_xml::Outcome::Closed { rest } => rest,
+                };
                 self.next_index = x.next_index();
-                self.out.extend(sink);
+                self.emit_content(&text);
             }
         }
         self.pending_ws.clear();
@@ -506,6 +551,7 @@ impl StreamParser {
         let mut text_start = i;
         // (start of `<tool_call>`, bytes of the whole opening, function name for XML)
         let mut opened: Option<(usize, usize, Option<String>)> = None;
+        let json_mode = self.cfg.tools == ToolFormat::Qwen3Json;
         while i < bytes.len() {
             let b = bytes[i];
             if is_ws(b) {
@@ -521,18 +567,30 @@ impl StreamParser {
                 match scan::match_tag(&bytes[i..], TOOL_OPEN) {
                     TagMatch::Full => {
                         let after = i + TOOL_OPEN.len();
-                        if self.cfg.tools == ToolFormat::Qwen3Json {
-                            opened = Some((i, TOOL_OPEN.len(), None));
-                            break;
-                        }
-                        match scan::match_xml_open(&bytes[after..]) {
-                            XmlOpen::Full { len, name } => {
+                        match scan::match_block_open(&bytes[after..]) {
+                            BlockOpen::Xml { len, name } if self.offered(&name) => {
                                 opened = Some((i, TOOL_OPEN.len() + len, Some(name)));
                                 break;
                             }
-                            XmlOpen::Partial => break,
-                            // `<tool_call>` not followed by a function: plain text.
-                            XmlOpen::No => i = after,
+                            BlockOpen::Xml { name, .. } => {
+                                tracing::warn!(
+                                    function = %name,
+                                    "the model called a function the request did not offer; returned as text"
+                                );
+                                i = after;
+                            }
+                            BlockOpen::Json => {
+                                opened = Some((i, TOOL_OPEN.len(), None));
+                                break;
+                            }
+                            BlockOpen::Partial => break,
+                            // Qwen3's parser takes any block as a candidate and decides at its end.
+                            BlockOpen::Other if json_mode => {
+                                opened = Some((i, TOOL_OPEN.len(), None));
+                                break;
+                            }
+                            // `<tool_call>` not followed by a call: plain text.
+                            BlockOpen::Other => i = after,
                         }
                     }
                     TagMatch::Partial => break,
@@ -547,15 +605,16 @@ impl StreamParser {
             self.emit_content(&buf[text_start..i]);
             self.after_tool_call = false;
         }
-        let Some((_, len, name)) = opened else {
+        let Some((at, len, name)) = opened else {
             *pos = i;
             return false;
         };
-        *pos = i + len;
+        *pos = at + len;
         let lead_ws = std::mem::take(&mut self.pending_ws);
         match name {
             Some(name) => {
-                let x = XmlCall::open(name, self.next_index, self.cfg.id_seed, &mut self.out);
+                let opening = buf.get(at..at + len).unwrap_or("");
+                let x = XmlCall::open(opening, lead_ws, name, self.next_index);
                 self.mode = Mode::XmlCall(Box::new(x));
             }
             None => {
@@ -597,17 +656,31 @@ impl StreamParser {
     /// a call but holds another `<tool_call>` (the model restarted) yields the call after the
     /// last one, the text before it being answer text.
     fn resolve_json_block(&mut self, lead_ws: &str, block: &str, closed: bool) {
-        if let Some((name, args)) = qwen3_json::parse_call(block) {
+        let call = qwen3_json::parse_call(block);
+        if let Some((name, args)) = call.clone().filter(|(n, _)| self.offered(n)) {
             self.emit_json_call(name, args);
             return;
         }
         if let Some(k) = block.rfind(TOOL_OPEN) {
-            if let Some((name, args)) = qwen3_json::parse_call(&block[k + TOOL_OPEN.len()..]) {
+            let inner = qwen3_json::parse_call(&block[k + TOOL_OPEN.len()..]);
+            if let Some((name, args)) = inner.filter(|(n, _)| self.offered(n)) {
                 self.emit_content(lead_ws);
                 self.emit_content(TOOL_OPEN);
                 self.emit_content(block[..k].trim_end_matches(|c: char| is_ws_char(c)));
                 self.emit_json_call(name, args);
                 return;
+            }
+        }
+        match (&call, closed) {
+            (Some((name, _)), _) => tracing::warn!(
+                function = %name,
+                "the model called a function the request did not offer; returned as text"
+            ),
+            (None, true) => {
+                tracing::warn!("a tool-call block is not a valid call; returned as text")
+            }
+            (None, false) => {
+                tracing::warn!("a tool call was cut off by the end of the reply; returned as text")
             }
         }
         // Not a call after all: the whole block is answer text, tags included.
@@ -620,39 +693,55 @@ impl StreamParser {
         self.after_tool_call = false;
     }
 
+    /// Inside a Qwen3-Coder block: all of the input goes to it; when it ends, what follows it is
+    /// handed back to be read as answer text.
     fn step_xml(&mut self, buf: &str, pos: &mut usize) -> bool {
         let Mode::XmlCall(x) = &mut self.mode else {
             return false;
         };
         let piece = &buf[*pos..];
-        let outcome = x.push(
-            piece,
-            &mut self.out,
-            &self.cfg.tool_schemas,
-            self.cfg.id_seed,
-        );
-        match outcome {
-            qwen3_coder_xml::Outcome::More => {
-                *pos = buf.len();
-                false
-            }
-            qwen3_coder_xml::Outcome::Closed { rest_len } => {
+        *pos = buf.len();
+        let cx = Context {
+            schemas: &self.cfg.tool_schemas,
+            seed: self.cfg.id_seed,
+        };
+        match x.push(piece, &mut self.out, &cx) {
+            qwen3_coder_xml::Outcome::More => false,
+            qwen3_coder_xml::Outcome::Closed { rest } => {
                 self.next_index = x.next_index();
-                *pos = buf.len() - rest_len;
+                if x.emitted() {
+                    self.after_tool_call = true;
+                }
                 self.mode = Mode::Content;
-                self.after_tool_call = true;
-                true
+                self.giveback = rest;
+                false
             }
         }
     }
 
-    fn emit_json_call(&mut self, name: String, args: String) {
+    /// Whether the request offered a tool of this name; any name when it listed none.
+    fn offered(&self, name: &str) -> bool {
+        self.cfg.tool_schemas.is_empty() || self.cfg.tool_schemas.contains_key(name)
+    }
+
+    /// Emits a Qwen3 JSON call. Argument values the model wrote as strings where the tool's
+    /// schema declares another type are converted as Qwen3-Coder's are (`"3"` → `3` for an
+    /// integer, JSON text for an object or array); values that do not convert stay as written.
+    fn emit_json_call(&mut self, name: String, mut args: Map<String, Value>) {
+        let schema = self.cfg.tool_schemas.get(&name);
+        for (k, v) in args.iter_mut() {
+            if let Value::String(s) = v {
+                if qwen3_coder_xml::declares_non_string(k, schema) {
+                    *v = qwen3_coder_xml::convert_value(s, k, schema);
+                }
+            }
+        }
         let index = self.next_index;
         let id = call_id(self.cfg.id_seed, index);
         self.out.push(Delta::ToolCallStart { index, id, name });
         self.out.push(Delta::ToolCallArgs {
             index,
-            fragment: args,
+            fragment: Value::Object(args).to_string(),
         });
         self.out.push(Delta::ToolCallEnd { index });
         self.next_index = index.saturating_add(1);

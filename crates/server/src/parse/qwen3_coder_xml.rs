@@ -1,23 +1,31 @@
 //! Qwen3-Coder tool calls:
 //! `<tool_call>\n<function=NAME>\n<parameter=P>\nvalue\n</parameter>\n</function>\n</tool_call>`.
 //!
-//! Follows Qwen's reference parser (`qwen3coder_tool_parser.py`, as shipped in vLLM): a value runs
-//! to `</parameter>`, or to the next `<parameter=` or `</function>` when the model left it open;
-//! one leading and one trailing newline of a value are stripped; values are typed by the tool's
-//! parameter schema (`_convert_param_value`). Text between the tags that is not a parameter is
-//! ignored, as the reference parser's regexes skip it. Several `<function=` in one block are
-//! several calls.
+//! Follows Qwen's reference parser (`qwen3coder_tool_parser.py`, as shipped in vLLM) where it is
+//! safe: one leading and one trailing newline of a value are stripped; values are typed by the
+//! tool's parameter schema (`_convert_param_value`); text between the tags that is not a parameter
+//! is ignored; several `<function=` in one block are several calls. It differs where the
+//! reference would cut a value or run a broken call:
+//! - A value is code as often as not, so a `</parameter>` ends it only when what follows (after
+//!   whitespace) is the next tag the template writes there: `<parameter=`, `</function>` or
+//!   `</tool_call>`, or the end of the output. A `</parameter>` inside the value stays in it.
+//! - A value the model left open ends at `<parameter=`, `</function>` or `</tool_call>` only at
+//!   the start of a line, where the template puts them; inline they are value text.
+//! - A call is emitted whole when its `</function>` (or the block's `</tool_call>`) arrives, never
+//!   piece by piece: a call cut off by the end of the output must come back as text, and what was
+//!   streamed cannot be taken back. The cut-off function's text is returned as it was written.
+//! - A function the request did not offer ends the block: its text, and what follows, is answer
+//!   text again.
 //!
 //! The opening `<tool_call>` + `<function=NAME>` is matched by the caller; this file takes over
-//! after it. The arguments stream as `{"p1":v1` `,"p2":v2` `}`: a typed value is sent when it
-//! ends; a string value is sent as it is written (`{"p1":"` `part` `part` `"`), holding back only
-//! a trailing newline and, at its start, text that could still be `null`.
+//! after it. Work is linear in the block's length: the scan never moves back, and a call's text is
+//! held once.
 
 use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::scan::{match_any, TagMatch};
+use super::scan::{is_ws, match_any, TagMatch};
 use super::{call_id, Delta};
 
 const PARAM_OPEN: &str = "<parameter=";
@@ -25,6 +33,12 @@ const PARAM_CLOSE: &str = "</parameter>";
 const FUNC_OPEN: &str = "<function=";
 const FUNC_CLOSE: &str = "</function>";
 const CALL_CLOSE: &str = "</tool_call>";
+/// The tags that may follow a parameter's value.
+const AFTER_VALUE: &[&str] = &[PARAM_OPEN, FUNC_CLOSE, CALL_CLOSE];
+/// Longest whitespace run after `</parameter>` still read as the gap before the next tag.
+const MAX_GAP: usize = 256;
+/// Longest function name in `<function=NAME>` after the first.
+const MAX_NAME: usize = 256;
 
 /// Where the scanner is inside the block.
 #[derive(Debug)]
@@ -33,41 +47,43 @@ enum State {
     InFunction,
     /// Reading a parameter name that starts at `start` (after `<parameter=`).
     ParamName { start: usize },
-    /// Reading the value of `name`, which starts at `start`; `stream` for string values.
-    ParamValue {
+    /// Reading the value of `name`, which starts at `start`.
+    ParamValue { name: String, start: usize },
+    /// A `</parameter>` at `end` (the value is `start..end`) may close the value; what follows
+    /// `after` decides.
+    ParamClose {
         name: String,
         start: usize,
-        stream: Option<StrStream>,
+        end: usize,
+        after: usize,
     },
-    /// After `</function>`: expecting `</tool_call>` or another `<function=`.
-    AfterFunction,
-    /// Reading a function name that starts at `start` (after `<function=`).
-    FunctionName { start: usize },
-}
-
-/// Progress of a string value sent while it is being written.
-#[derive(Debug, Default)]
-struct StrStream {
-    /// `"name":"` was sent.
-    opened: bool,
-    /// Bytes of the body up to here were sent (escaped).
-    sent: usize,
+    /// After `</function>` (which ended at `from`): expecting `</tool_call>` or another
+    /// `<function=`.
+    AfterFunction { from: usize },
+    /// Reading a function name that starts at `start`; its `<function=` is at `tag`.
+    FunctionName { start: usize, tag: usize },
 }
 
 /// One open `<tool_call>` block.
 #[derive(Debug)]
 pub(super) struct XmlCall {
-    /// Block text after the caller's `<function=NAME>`; cleared only with the block.
-    body: String,
-    /// Next byte of `body` to examine; always a char boundary.
+    /// The block as written, from its `<tool_call>`.
+    text: String,
+    /// Whitespace dropped before the block, given back with it if the first call is cut off.
+    lead_ws: String,
+    /// Next byte of `text` to examine; always a char boundary.
     scan: usize,
     state: State,
-    /// Index of the open (or last) call.
-    index: usize,
-    /// Name of the open call, to look up its schema.
+    /// Where the open function's text starts in `text` (0 for the first, which owns the opening).
+    func_start: usize,
+    /// Name of the open function.
     name: String,
-    /// Parameters sent for the open call.
-    params: usize,
+    /// Parameters read for the open function: (name, raw value), in order written.
+    params: Vec<(String, String)>,
+    /// Index of the next call emitted.
+    next_index: usize,
+    /// Calls emitted by this block.
+    emitted: usize,
 }
 
 /// What a piece of text did to the block.
@@ -75,283 +91,338 @@ pub(super) struct XmlCall {
 pub(super) enum Outcome {
     /// Still open.
     More,
-    /// `</tool_call>` read; the last `rest_len` bytes of the pushed piece follow it.
-    Closed { rest_len: usize },
+    /// The block ended; `rest` (everything after it) is to be read as answer text again.
+    Closed { rest: String },
 }
 
 impl XmlCall {
-    /// Opens call `index` named `name` and emits its start.
-    pub(super) fn open(name: String, index: usize, seed: u64, out: &mut Vec<Delta>) -> XmlCall {
-        out.push(Delta::ToolCallStart {
-            index,
-            id: call_id(seed, index),
-            name: name.clone(),
-        });
+    /// Opens a block whose text so far is `opening` (`<tool_call>`, whitespace, `<function=NAME>`)
+    /// for call `index` of function `name`.
+    pub(super) fn open(opening: &str, lead_ws: String, name: String, index: usize) -> XmlCall {
         XmlCall {
-            body: String::new(),
-            scan: 0,
+            text: opening.to_string(),
+            lead_ws,
+            scan: opening.len(),
             state: State::InFunction,
-            index,
+            func_start: 0,
             name,
-            params: 0,
+            params: Vec::new(),
+            next_index: index,
+            emitted: 0,
         }
     }
 
     /// Index the next call in the reply gets.
     pub(super) fn next_index(&self) -> usize {
-        self.index.saturating_add(1)
+        self.next_index
     }
 
-    /// Adds a piece of the block and emits what it completes.
-    pub(super) fn push(
-        &mut self,
-        piece: &str,
-        out: &mut Vec<Delta>,
-        schemas: &HashMap<String, Value>,
-        seed: u64,
-    ) -> Outcome {
-        let schema = schemas.get(&self.name);
-        self.body.push_str(piece);
+    /// Whether this block emitted a call.
+    pub(super) fn emitted(&self) -> bool {
+        self.emitted > 0
+    }
+
+    /// Adds a piece of the block and emits the calls it completes.
+    pub(super) fn push(&mut self, piece: &str, out: &mut Vec<Delta>, cx: &Context) -> Outcome {
+        self.text.push_str(piece);
         loop {
-            let bytes = self.body.as_bytes();
-            let Some(rest) = bytes.get(self.scan..) else {
+            let Some(rest) = self.text.as_bytes().get(self.scan..) else {
                 return Outcome::More;
             };
             if rest.is_empty() {
                 return Outcome::More;
             }
-            match &self.state {
-                State::InFunction | State::AfterFunction => {
-                    let in_fn = matches!(self.state, State::InFunction);
-                    let b = rest[0];
-                    if b != b'<' {
-                        // Whitespace or stray text between tags: skipped. Jump to the next tag.
-                        self.scan += rest.iter().position(|&c| c == b'<').unwrap_or(rest.len());
-                        continue;
+            match self.step(out, cx) {
+                Step::Continue => {}
+                Step::Wait => return Outcome::More,
+                Step::Closed { rest_from } => {
+                    let rest = self.text.get(rest_from..).unwrap_or("").to_string();
+                    return Outcome::Closed { rest };
+                }
+            }
+        }
+    }
+
+    /// One move of the scanner at `scan`, which is before the end of `text`.
+    fn step(&mut self, out: &mut Vec<Delta>, cx: &Context) -> Step {
+        let bytes = self.text.as_bytes();
+        let rest = &bytes[self.scan..];
+        match &self.state {
+            State::InFunction | State::AfterFunction { .. } => {
+                let in_fn = matches!(self.state, State::InFunction);
+                if rest[0] != b'<' {
+                    // Whitespace or stray text between tags: skipped. Jump to the next tag.
+                    self.scan += rest.iter().position(|&c| c == b'<').unwrap_or(rest.len());
+                    return Step::Continue;
+                }
+                let tags: &[&'static str] = if in_fn {
+                    AFTER_VALUE
+                } else {
+                    &[FUNC_OPEN, CALL_CLOSE]
+                };
+                match match_any(rest, tags) {
+                    (TagMatch::Partial, _) => Step::Wait,
+                    (TagMatch::No, _) => {
+                        self.scan += 1;
+                        Step::Continue
                     }
-                    let tags: &[&'static str] = if in_fn {
-                        &[PARAM_OPEN, FUNC_CLOSE, CALL_CLOSE]
-                    } else {
-                        &[FUNC_OPEN, CALL_CLOSE]
-                    };
-                    match match_any(rest, tags) {
-                        (TagMatch::Partial, _) => return Outcome::More,
-                        (TagMatch::No, _) => self.scan += 1,
-                        (TagMatch::Full, tag) => {
-                            let end = self.scan + tag.len();
-                            self.scan = end;
-                            match tag {
-                                PARAM_OPEN => self.state = State::ParamName { start: end },
-                                FUNC_OPEN => self.state = State::FunctionName { start: end },
-                                FUNC_CLOSE => {
-                                    self.close_function(out);
-                                    self.state = State::AfterFunction;
+                    (TagMatch::Full, tag) => {
+                        let at = self.scan;
+                        self.scan += tag.len();
+                        match tag {
+                            PARAM_OPEN => {
+                                self.state = State::ParamName { start: self.scan };
+                                Step::Continue
+                            }
+                            FUNC_OPEN => {
+                                self.state = State::FunctionName {
+                                    start: self.scan,
+                                    tag: at,
+                                };
+                                Step::Continue
+                            }
+                            FUNC_CLOSE => {
+                                self.close_function(out, cx);
+                                self.state = State::AfterFunction { from: self.scan };
+                                Step::Continue
+                            }
+                            _ => {
+                                if in_fn {
+                                    self.close_function(out, cx);
                                 }
-                                _ => {
-                                    if in_fn {
-                                        self.close_function(out);
-                                    }
-                                    return self.closed(piece.len());
+                                self.state = State::AfterFunction { from: self.scan };
+                                Step::Closed {
+                                    rest_from: self.scan,
                                 }
                             }
                         }
                     }
                 }
-                State::ParamName { start } | State::FunctionName { start } => {
-                    let start = *start;
-                    let Some(gt) = rest.iter().position(|&c| c == b'>') else {
-                        self.scan = self.body.len();
-                        return Outcome::More;
-                    };
-                    let end = self.scan + gt;
-                    let name = self.body.get(start..end).unwrap_or("").trim().to_string();
-                    self.scan = end + 1;
-                    if matches!(self.state, State::ParamName { .. }) {
-                        let stream = is_string_param(&name, schema).then(StrStream::default);
-                        self.state = State::ParamValue {
+            }
+            State::ParamName { start } => {
+                let start = *start;
+                let Some(gt) = rest.iter().position(|&c| c == b'>') else {
+                    self.scan = self.text.len();
+                    return Step::Wait;
+                };
+                let end = self.scan + gt;
+                let name = self.text.get(start..end).unwrap_or("").trim().to_string();
+                self.scan = end + 1;
+                self.state = State::ParamValue {
+                    name,
+                    start: end + 1,
+                };
+                Step::Continue
+            }
+            State::FunctionName { start, tag } => {
+                let (start, tag) = (*start, *tag);
+                // Searched from the name's start each time: it is at most MAX_NAME bytes.
+                let region = &bytes[start..];
+                let stop = region
+                    .iter()
+                    .take(MAX_NAME + 1)
+                    .position(|&c| matches!(c, b'>' | b'<' | b'\n'));
+                let name = match stop {
+                    Some(n) if region[n] == b'>' => self.text.get(start..start + n),
+                    None if region.len() <= MAX_NAME => {
+                        self.scan = self.text.len();
+                        return Step::Wait;
+                    }
+                    _ => None,
+                };
+                let name = name.map(str::trim).unwrap_or("");
+                if name.is_empty() || !cx.offered(name) {
+                    // Not a call this request allows: the rest of the block is text again.
+                    tracing::warn!(
+                        function = name,
+                        "the model called a function the request did not offer; returned as text"
+                    );
+                    self.state = State::AfterFunction { from: tag };
+                    return Step::Closed { rest_from: tag };
+                }
+                self.name = name.to_string();
+                self.params.clear();
+                self.func_start = tag;
+                self.scan = start + stop.unwrap_or(0) + 1;
+                self.state = State::InFunction;
+                Step::Continue
+            }
+            State::ParamValue { name, start } => {
+                let (name, start) = (name.clone(), *start);
+                let Some(lt) = rest.iter().position(|&c| c == b'<') else {
+                    self.scan = self.text.len();
+                    return Step::Wait;
+                };
+                let at = self.scan + lt;
+                let tail = &bytes[at..];
+                // Tags other than `</parameter>` end an open value only at a line start.
+                let line_start = at == start || bytes.get(at.wrapping_sub(1)) == Some(&b'\n');
+                let tags: &[&'static str] = if line_start {
+                    &[PARAM_CLOSE, PARAM_OPEN, FUNC_CLOSE, CALL_CLOSE]
+                } else {
+                    &[PARAM_CLOSE]
+                };
+                match match_any(tail, tags) {
+                    (TagMatch::Partial, _) => {
+                        self.scan = at;
+                        Step::Wait
+                    }
+                    (TagMatch::No, _) => {
+                        self.scan = at + 1;
+                        Step::Continue
+                    }
+                    (TagMatch::Full, PARAM_CLOSE) => {
+                        self.state = State::ParamClose {
                             name,
-                            start: end + 1,
-                            stream,
+                            start,
+                            end: at,
+                            after: at + PARAM_CLOSE.len(),
                         };
-                    } else {
-                        self.index = self.index.saturating_add(1);
-                        self.name = name.clone();
-                        self.params = 0;
-                        out.push(Delta::ToolCallStart {
-                            index: self.index,
-                            id: call_id(seed, self.index),
-                            name,
-                        });
+                        self.scan = at + PARAM_CLOSE.len();
+                        Step::Continue
+                    }
+                    (TagMatch::Full, _) => {
+                        // An open value ends here; the tag is read as between parameters.
+                        self.end_value(&name, start, at);
+                        self.scan = at;
                         self.state = State::InFunction;
-                    }
-                }
-                State::ParamValue { .. } => {
-                    let Some(lt) = rest.iter().position(|&c| c == b'<') else {
-                        self.scan = self.body.len();
-                        self.stream_value(out);
-                        return Outcome::More;
-                    };
-                    let at = self.scan + lt;
-                    let tail = &bytes[at..];
-                    match match_any(tail, &[PARAM_CLOSE, PARAM_OPEN, FUNC_CLOSE, CALL_CLOSE]) {
-                        (TagMatch::Partial, _) => {
-                            self.scan = at;
-                            self.stream_value(out);
-                            return Outcome::More;
-                        }
-                        (TagMatch::No, _) => self.scan = at + 1,
-                        (TagMatch::Full, tag) => {
-                            self.end_value(at, out, schemas);
-                            let end = at + tag.len();
-                            self.scan = end;
-                            match tag {
-                                PARAM_CLOSE => self.state = State::InFunction,
-                                PARAM_OPEN => self.state = State::ParamName { start: end },
-                                FUNC_CLOSE => {
-                                    self.close_function(out);
-                                    self.state = State::AfterFunction;
-                                }
-                                _ => {
-                                    self.close_function(out);
-                                    return self.closed(piece.len());
-                                }
-                            }
-                        }
+                        Step::Continue
                     }
                 }
             }
-        }
-    }
-
-    /// End of generation inside the block: a value cut off is taken as it is, and the open
-    /// call is closed with what was read.
-    pub(super) fn finish(&mut self, out: &mut Vec<Delta>, schemas: &HashMap<String, Value>) {
-        match self.state {
-            State::ParamValue { .. } => {
-                self.end_value(self.body.len(), out, schemas);
-                self.close_function(out);
-            }
-            State::InFunction | State::ParamName { .. } => self.close_function(out),
-            State::AfterFunction | State::FunctionName { .. } => {}
-        }
-        self.state = State::AfterFunction;
-    }
-
-    fn closed(&mut self, piece_len: usize) -> Outcome {
-        // The tag ends inside `piece` (it was not complete before), so this fits in it.
-        let rest_len = self.body.len().saturating_sub(self.scan).min(piece_len);
-        self.state = State::AfterFunction;
-        Outcome::Closed { rest_len }
-    }
-
-    /// Sends what is certain of a string value: all of it read so far (`scan` stops before a
-    /// possible tag) but a trailing newline, which is stripped if the value ends there. Nothing
-    /// is sent while the value could still be `null`, which is typed null.
-    fn stream_value(&mut self, out: &mut Vec<Delta>) {
-        let State::ParamValue {
-            name,
-            start,
-            stream: Some(st),
-        } = &mut self.state
-        else {
-            return;
-        };
-        let Some(raw) = self.body.get(*start..self.scan) else {
-            return;
-        };
-        if raw.is_empty() {
-            // The first byte decides whether a leading newline is stripped.
-            return;
-        }
-        let from = *start + usize::from(raw.starts_with('\n'));
-        let end = self.scan - usize::from(self.scan > from && raw.ends_with('\n'));
-        let Some(text) = self.body.get(from..end) else {
-            return;
-        };
-        if !st.opened {
-            if text.len() <= 4 && "null".starts_with(&text.to_ascii_lowercase()) {
-                return;
-            }
-            let mut fragment = key_prefix(self.params, name);
-            fragment.push('"');
-            out.push(Delta::ToolCallArgs {
-                index: self.index,
-                fragment,
-            });
-            self.params += 1;
-            st.opened = true;
-            st.sent = from;
-        }
-        if let Some(text) = self.body.get(st.sent..end) {
-            if !text.is_empty() {
-                out.push(Delta::ToolCallArgs {
-                    index: self.index,
-                    fragment: escape_str(text),
-                });
-                st.sent = end;
+            State::ParamClose {
+                name,
+                start,
+                end,
+                after,
+            } => {
+                let (name, start, end, after) = (name.clone(), *start, *end, *after);
+                let gap_and_rest = &bytes[after..];
+                let gap = gap_and_rest.iter().take_while(|b| is_ws(**b)).count();
+                let next = &gap_and_rest[gap..];
+                let decided = if gap > MAX_GAP {
+                    Some(false)
+                } else if next.is_empty() {
+                    None
+                } else {
+                    match match_any(next, AFTER_VALUE) {
+                        (TagMatch::Full, _) => Some(true),
+                        (TagMatch::Partial, _) => None,
+                        (TagMatch::No, _) => Some(false),
+                    }
+                };
+                match decided {
+                    None => {
+                        self.scan = self.text.len();
+                        Step::Wait
+                    }
+                    Some(true) => {
+                        self.end_value(&name, start, end);
+                        self.scan = after + gap;
+                        self.state = State::InFunction;
+                        Step::Continue
+                    }
+                    Some(false) => {
+                        // Value text that looks like a closing tag: the value goes on.
+                        self.scan = after;
+                        self.state = State::ParamValue { name, start };
+                        Step::Continue
+                    }
+                }
             }
         }
     }
 
-    /// Emits the parameter whose value ends at byte `end` (or its rest, if it was streamed).
-    fn end_value(&mut self, end: usize, out: &mut Vec<Delta>, schemas: &HashMap<String, Value>) {
-        let State::ParamValue {
-            name,
-            start,
-            stream,
-        } = &self.state
-        else {
-            return;
-        };
-        let (start, end) = strip_newlines(&self.body, *start, end);
-        let raw = self.body.get(start..end).unwrap_or("");
-        let fragment = match stream {
-            Some(st) if st.opened => {
-                let mut f = escape_str(self.body.get(st.sent.max(start)..end).unwrap_or(""));
-                f.push('"');
-                f
+    /// End of the output inside the block: calls already complete stand; a function cut off is
+    /// returned as the text it was, and so is text written after the last `</function>` when no
+    /// `</tool_call>` followed.
+    pub(super) fn finish(&mut self) -> String {
+        let state = std::mem::replace(&mut self.state, State::AfterFunction { from: 0 });
+        match state {
+            State::AfterFunction { from } => {
+                // Only whitespace or a cut-off `</tool_call>` after the last call: nothing lost.
+                let tail = self.text.get(from..).unwrap_or("");
+                let t = tail.trim();
+                if t.is_empty() || CALL_CLOSE.starts_with(t) {
+                    String::new()
+                } else {
+                    tail.to_string()
+                }
             }
             _ => {
-                let value = convert_value(raw, name, schemas.get(&self.name));
-                let mut f = key_prefix(self.params, name);
-                f.push_str(&value.to_string());
-                self.params += 1;
-                f
+                tracing::warn!(
+                    function = %self.name,
+                    "a tool call was cut off by the end of the reply; returned as text"
+                );
+                let cut = self.text.get(self.func_start..).unwrap_or("");
+                if self.func_start == 0 {
+                    format!("{}{cut}", self.lead_ws)
+                } else {
+                    cut.to_string()
+                }
             }
-        };
-        out.push(Delta::ToolCallArgs {
-            index: self.index,
-            fragment,
-        });
-        self.state = State::InFunction;
+        }
     }
 
-    fn close_function(&mut self, out: &mut Vec<Delta>) {
-        let fragment = if self.params == 0 { "{}" } else { "}" };
-        out.push(Delta::ToolCallArgs {
-            index: self.index,
-            fragment: fragment.to_string(),
+    /// Records the value of `name` spanning `start..end` (newlines still to strip).
+    fn end_value(&mut self, name: &str, start: usize, end: usize) {
+        let (s, e) = strip_newlines(&self.text, start, end);
+        let raw = self.text.get(s..e).unwrap_or("").to_string();
+        // A parameter written twice keeps its first place and its last value.
+        match self.params.iter_mut().find(|(n, _)| n == name) {
+            Some(p) => p.1 = raw,
+            None => self.params.push((name.to_string(), raw)),
+        }
+    }
+
+    /// Emits the open function as a whole call.
+    fn close_function(&mut self, out: &mut Vec<Delta>, cx: &Context) {
+        let schema = cx.schemas.get(&self.name);
+        let mut args = serde_json::Map::new();
+        for (k, raw) in self.params.drain(..) {
+            let v = convert_value(&raw, &k, schema);
+            args.insert(k, v);
+        }
+        let index = self.next_index;
+        out.push(Delta::ToolCallStart {
+            index,
+            id: call_id(cx.seed, index),
+            name: std::mem::take(&mut self.name),
         });
-        out.push(Delta::ToolCallEnd { index: self.index });
+        out.push(Delta::ToolCallArgs {
+            index,
+            fragment: Value::Object(args).to_string(),
+        });
+        out.push(Delta::ToolCallEnd { index });
+        self.next_index = index.saturating_add(1);
+        self.emitted += 1;
     }
 }
 
-/// `{"name":` for the first parameter, `,"name":` after.
-fn key_prefix(params: usize, name: &str) -> String {
-    let mut f = String::from(if params == 0 { "{" } else { "," });
-    f.push_str(&Value::String(name.to_string()).to_string());
-    f.push(':');
-    f
+/// What the block needs to know about the request.
+pub(super) struct Context<'a> {
+    /// Parameter schemas by tool name; the names are the tools offered (empty: any name).
+    pub schemas: &'a HashMap<String, Value>,
+    /// Seed of the call ids.
+    pub seed: u64,
 }
 
-/// The inside of a JSON string literal: escaping is per char, so pieces escaped one by one join
-/// into the escape of the whole.
-fn escape_str(s: &str) -> String {
-    let quoted = Value::String(s.to_string()).to_string();
-    quoted
-        .get(1..quoted.len().saturating_sub(1))
-        .unwrap_or("")
-        .to_string()
+impl Context<'_> {
+    /// Whether the request offered a function of this name (any name when it listed none).
+    pub fn offered(&self, name: &str) -> bool {
+        self.schemas.is_empty() || self.schemas.contains_key(name)
+    }
+}
+
+/// Result of one scanner move.
+enum Step {
+    Continue,
+    /// More text is needed to decide.
+    Wait,
+    /// The block ended; text from this byte on is answer text.
+    Closed {
+        rest_from: usize,
+    },
 }
 
 /// The value's bounds without one leading and one trailing newline, as the reference parser.
@@ -387,12 +458,10 @@ fn is_string_type(t: &str) -> bool {
     matches!(t, "string" | "str" | "text" | "varchar" | "char" | "enum")
 }
 
-/// Whether a parameter's value is a JSON string whatever its text (so it can be streamed).
-fn is_string_param(param: &str, schema: Option<&Value>) -> bool {
-    match param_type(param, schema) {
-        None => true,
-        Some(t) => is_string_type(&t),
-    }
+/// Whether the schema declares `param` with a type other than string, so that text written for
+/// it should be converted (used for Qwen3 JSON arguments the model wrote as strings).
+pub(super) fn declares_non_string(param: &str, schema: Option<&Value>) -> bool {
+    param_type(param, schema).is_some_and(|t| !is_string_type(&t))
 }
 
 /// Types a parameter value by the tool's schema, as the reference `_convert_param_value`:

@@ -107,3 +107,36 @@ pub(super) fn match_xml_open(s: &[u8]) -> XmlOpen {
         XmlOpen::Partial
     }
 }
+
+/// What follows a `<tool_call>`: which syntax the block is written in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum BlockOpen {
+    /// Whitespace and `<function=NAME>` (Qwen3-Coder XML): bytes consumed and the name.
+    Xml { len: usize, name: String },
+    /// Whitespace and `{` (Qwen3 JSON); nothing is consumed.
+    Json,
+    /// The text so far could still become either.
+    Partial,
+    /// Neither.
+    Other,
+}
+
+/// Matches the start of a tool-call block at the start of `s` (the text after `<tool_call>`).
+/// Both syntaxes are recognised whatever the template teaches, since models fine-tuned on one
+/// sometimes write the other.
+pub(super) fn match_block_open(s: &[u8]) -> BlockOpen {
+    let ws = s.iter().take_while(|b| is_ws(**b)).count();
+    if ws > MAX_OPEN_WS {
+        return BlockOpen::Other;
+    }
+    match s.get(ws) {
+        None => BlockOpen::Partial,
+        Some(b'{') => BlockOpen::Json,
+        Some(b'<') => match match_xml_open(s) {
+            XmlOpen::Full { len, name } => BlockOpen::Xml { len, name },
+            XmlOpen::Partial => BlockOpen::Partial,
+            XmlOpen::No => BlockOpen::Other,
+        },
+        Some(_) => BlockOpen::Other,
+    }
+}

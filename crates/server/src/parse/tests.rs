@@ -25,18 +25,33 @@ fn qwen3() -> ParserConfig {
     cfg(ToolFormat::Qwen3Json, true, false)
 }
 
-/// Qwen3-Coder: XML tool calls typed by the schema of `run` and `f`.
-fn coder() -> ParserConfig {
-    let tools = json!([
+/// The tools the typed configurations offer: `run` and `f` with schemas, in the OpenAI and the
+/// Anthropic shape, and `a`, `b`, `g` in the bare and Responses shapes, `b` without a schema.
+fn offered_tools() -> Value {
+    json!([
         {"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {
             "command": {"type": "string"}, "count": {"type": "integer"}, "force": {"type": "boolean"},
             "opts": {"type": "object"}, "ratio": {"type": "number"}, "note": {"type": "string"},
             "list": {"type": "array"}
         }}}},
-        {"name": "f", "input_schema": {"type": "object", "properties": {"n": {"type": "number"}}}}
-    ]);
+        {"name": "f", "input_schema": {"type": "object", "properties": {"n": {"type": "number"}}}},
+        {"name": "a", "parameters": {"type": "object", "properties": {"p": {"type": "string"}}}},
+        {"name": "b"},
+        {"type": "function", "name": "g", "parameters": {"properties": {"x": {"type": "string"}}}}
+    ])
+}
+
+/// Qwen3-Coder: XML tool calls typed by the schemas of [`offered_tools`]; other names are text.
+fn coder() -> ParserConfig {
     let mut c = cfg(ToolFormat::Qwen3CoderXml, true, false);
-    c.tool_schemas = tool_schemas_from_request(&tools);
+    c.tool_schemas = tool_schemas_from_request(&offered_tools());
+    c
+}
+
+/// Qwen3 JSON calls checked against [`offered_tools`].
+fn qwen3_typed() -> ParserConfig {
+    let mut c = qwen3();
+    c.tool_schemas = tool_schemas_from_request(&offered_tools());
     c
 }
 
@@ -190,12 +205,12 @@ fn corpus() -> Vec<Case> {
             )],
         },
         Case {
-            name: "coder two calls, the second cut off in a value",
+            name: "coder two calls, the second cut off in a value, comes back as text",
             cfg: coder(),
             input: "<think>\nplan\n</think>\n\n<tool_call>\n<function=f>\n<parameter=n>\n1e3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=g>\n<parameter=x>\nhello\nwor",
-            content: "",
+            content: "\n<tool_call>\n<function=g>\n<parameter=x>\nhello\nwor",
             reasoning: Some("plan"),
-            calls: &[("f", r#"{"n":1000}"#), ("g", r#"{"x":"hello\nwor"}"#)],
+            calls: &[("f", r#"{"n":1000}"#)],
         },
         Case {
             name: "coder parameters left open, two functions in one block",
@@ -204,6 +219,132 @@ fn corpus() -> Vec<Case> {
             content: "\ntail",
             reasoning: None,
             calls: &[("a", r#"{"p":"1","q":"2"}"#), ("b", "{}")],
+        },
+        Case {
+            name: "coder string values are verbatim: code with tags inside",
+            cfg: coder(),
+            input: "Writing it.\n<tool_call>\n<function=run>\n<parameter=command>\ncat > t.rs <<'EOF'\nfn f(a: u8, b: u8) -> bool { a < b && b > 2 }\n// \"<parameter=x>\" and </function> and </tool_call> inline\nconst CLOSE: &str = \"</parameter>\";\n</parameter> ends a value only before the next tag\n</parameter>\n\n\tEOF\n  indented\n</parameter>\n<parameter=count>\n2\n</parameter>\n</function>\n</tool_call>",
+            content: "Writing it.",
+            reasoning: None,
+            calls: &[(
+                "run",
+                r#"{"command":"cat > t.rs <<'EOF'\nfn f(a: u8, b: u8) -> bool { a < b && b > 2 }\n// \"<parameter=x>\" and </function> and </tool_call> inline\nconst CLOSE: &str = \"</parameter>\";\n</parameter> ends a value only before the next tag\n</parameter>\n\n\tEOF\n  indented","count":2}"#,
+            )],
+        },
+        Case {
+            name: "coder value that ends in a closing-tag lookalike at the end of its block",
+            cfg: coder(),
+            input: "<tool_call>\n<function=a>\n<parameter=p>\nx </parameter>y\n</parameter>   \n\n  </function></tool_call>",
+            content: "",
+            reasoning: None,
+            calls: &[("a", r#"{"p":"x </parameter>y"}"#)],
+        },
+        Case {
+            name: "coder call cut off after a closed parameter comes back as text",
+            cfg: coder(),
+            input: "Let me run it.\n\n<tool_call>\n<function=run>\n<parameter=command>\nrm -rf /tmp/x\n</parameter>\n",
+            content: "Let me run it.\n\n<tool_call>\n<function=run>\n<parameter=command>\nrm -rf /tmp/x\n</parameter>\n",
+            reasoning: None,
+            calls: &[],
+        },
+        Case {
+            name: "coder call cut off in its function name comes back as text",
+            cfg: coder(),
+            input: "ok <tool_call>\n<function=ru",
+            content: "ok <tool_call>\n<function=ru",
+            reasoning: None,
+            calls: &[],
+        },
+        Case {
+            name: "coder call whose tool_call close was cut off is complete",
+            cfg: coder(),
+            input: "<tool_call>\n<function=f>\n<parameter=n>\n2.5\n</parameter>\n</function>\n</tool_",
+            content: "",
+            reasoning: None,
+            calls: &[("f", r#"{"n":2.5}"#)],
+        },
+        Case {
+            name: "coder text after the last function with no tool_call close is kept",
+            cfg: coder(),
+            input: "<tool_call>\n<function=b>\n</function>\nI called b.",
+            content: "\nI called b.",
+            reasoning: None,
+            calls: &[("b", "{}")],
+        },
+        Case {
+            name: "coder function the request did not offer is text",
+            cfg: coder(),
+            input: "Sure.\n<tool_call>\n<function=Bash>\n<parameter=command>\nls\n</parameter>\n</function>\n</tool_call>",
+            content: "Sure.\n<tool_call>\n<function=Bash>\n<parameter=command>\nls\n</parameter>\n</function>\n</tool_call>",
+            reasoning: None,
+            calls: &[],
+        },
+        Case {
+            name: "coder second function not offered: the first is a call, the rest text",
+            cfg: coder(),
+            input: "<tool_call>\n<function=b>\n</function>\n<function=nope>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=a>\n<parameter=p>\nq\n</parameter>\n</function>\n</tool_call>",
+            content: "<function=nope>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>",
+            reasoning: None,
+            calls: &[("b", "{}"), ("a", r#"{"p":"q"}"#)],
+        },
+        Case {
+            name: "coder empty function name is text",
+            cfg: coder(),
+            input: "<tool_call>\n<function=>\n</function>\n</tool_call>",
+            content: "<tool_call>\n<function=>\n</function>\n</tool_call>",
+            reasoning: None,
+            calls: &[],
+        },
+        Case {
+            name: "coder parameter written twice keeps the last value",
+            cfg: coder(),
+            input: "<tool_call>\n<function=run>\n<parameter=count>\n1\n</parameter>\n<parameter=note>\nn\n</parameter>\n<parameter=count>\n2\n</parameter>\n</function>\n</tool_call>",
+            content: "",
+            reasoning: None,
+            calls: &[("run", r#"{"count":2,"note":"n"}"#)],
+        },
+        Case {
+            name: "json block under the coder template is a call",
+            cfg: coder(),
+            input: "<tool_call>\n{\"name\": \"run\", \"arguments\": {\"command\": \"ls\", \"count\": \"4\"}}\n</tool_call>",
+            content: "",
+            reasoning: None,
+            calls: &[("run", r#"{"command":"ls","count":4}"#)],
+        },
+        Case {
+            name: "xml block under the qwen3 template is a call",
+            cfg: qwen3_typed(),
+            input: "On it.\n<tool_call>\n<function=f>\n<parameter=n>\n7\n</parameter>\n</function>\n</tool_call>",
+            content: "On it.",
+            reasoning: None,
+            calls: &[("f", r#"{"n":7}"#)],
+        },
+        Case {
+            name: "json arguments written as strings are typed by the schema",
+            cfg: qwen3_typed(),
+            input: "<tool_call>\n{\"name\": \"run\", \"arguments\": {\"count\": \"3\", \"force\": \"true\", \"opts\": \"{\\\"a\\\": [1]}\", \"list\": \"[2]\", \"ratio\": \"x\", \"command\": 5, \"note\": \"7\"}}\n</tool_call>",
+            content: "",
+            reasoning: None,
+            calls: &[(
+                "run",
+                r#"{"count":3,"force":true,"opts":{"a":[1]},"list":[2],"ratio":"x","command":5,"note":"7"}"#,
+            )],
+        },
+        Case {
+            name: "json call to a tool the request did not offer is text",
+            cfg: qwen3_typed(),
+            input: "Checking.\n<tool_call>\n{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>\n",
+            content: "Checking.\n<tool_call>\n{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>\n",
+            reasoning: None,
+            calls: &[],
+        },
+        Case {
+            name: "json calls, the second cut off, comes back as text",
+            cfg: qwen3_typed(),
+            input: "Two.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 2",
+            content: "Two.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 2",
+            reasoning: None,
+            calls: &[("f", r#"{"n":1}"#)],
         },
         Case {
             name: "coder tool_call tag without a function is text",
@@ -425,7 +566,11 @@ fn no_text_lost_without_tools() {
 fn no_text_lost_with_json_calls() {
     let squash = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
     for case in corpus().iter() {
-        if case.cfg.tools != ToolFormat::Qwen3Json || case.calls.is_empty() {
+        // (Typed configurations change values and may hold XML calls: not this round trip.)
+        if case.cfg.tools != ToolFormat::Qwen3Json
+            || case.calls.is_empty()
+            || !case.cfg.tool_schemas.is_empty()
+        {
             continue;
         }
         let (got, deltas) = stream(&case.cfg, &[case.input]);
@@ -514,6 +659,13 @@ fn fuzz_streamed_equals_whole() {
         "null",
         "{",
         "\"",
+        "<function=nope>",
+        "<function=g>",
+        "<tool_call>\n<function=Bash>\n",
+        "</parameter> x",
+        "</parameter>\n",
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": \"2\"}}\n</tool_call>",
+        "<tool_call>\n{\"name\": \"nope\"}\n</tool_call>",
     ];
     let configs = [
         ParserConfig::plain(),
@@ -521,6 +673,7 @@ fn fuzz_streamed_equals_whole() {
         cfg(ToolFormat::Qwen3Json, true, true),
         coder(),
         cfg(ToolFormat::Qwen3CoderXml, false, false),
+        qwen3_typed(),
     ];
     let mut rng = Rng(7);
     let (mut with_calls, mut with_reasoning) = (0, 0);
@@ -583,15 +736,18 @@ fn long_outputs_are_linear() {
     let text = format!("<tool_call>\n{filler}");
     let got = feed_linear(&qwen3(), &text, 3, limit);
     assert_eq!(got.content, text);
-    // Unterminated XML value of 1 MB: closed with the value at the end.
+    // Unterminated XML value of 1 MB: the call was cut off, so all of it comes back as text.
     let text = format!("<tool_call>\n<function=run>\n<parameter=command>\n{filler}");
     let got = feed_linear(&coder(), &text, 3, limit);
+    assert!(got.tool_calls.is_empty());
+    assert_eq!(got.content, text);
+    // A 1 MB value full of closing-tag lookalikes, then closed: one call with all of it.
+    let code = "a </parameter> b\n</parameter>\tc <parameter=x>\n".repeat(25_000);
+    let text = format!("<tool_call>\n<function=run>\n<parameter=command>\n{code}</parameter>\n</function>\n</tool_call>");
+    let got = feed_linear(&coder(), &text, 3, limit);
     assert_eq!(got.tool_calls.len(), 1);
-    // `{"command":"` + `"}`, each newline escaped to two bytes, the value's last newline stripped.
-    assert_eq!(
-        got.tool_calls[0].arguments.len(),
-        14 + filler.len() - 1 + 39_999
-    );
+    let args: Value = serde_json::from_str(&got.tool_calls[0].arguments).unwrap();
+    assert_eq!(args["command"], code[..code.len() - 1]);
     // 1 MB of reasoning and of answer text, with tag-like text throughout.
     let text = format!("<think>\n{filler}</think>\n\n{filler}");
     let got = feed_linear(&qwen3(), &text, 5, limit);
@@ -629,6 +785,26 @@ fn detect_formats_from_templates() {
 }
 
 #[test]
+fn schemas_from_every_request_shape() {
+    let got = tool_schemas_from_request(&offered_tools());
+    let mut names: Vec<&str> = got.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["a", "b", "f", "g", "run"]);
+    assert_eq!(got["b"], Value::Null);
+    assert_eq!(got["f"]["properties"]["n"]["type"], "number");
+    // Codex's Responses tools: functions are offered, `namespace` and `web_search` are not.
+    let codex = json!([
+        {"type": "function", "name": "exec_command", "strict": false,
+         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
+        {"type": "namespace", "name": "multi_agent_v1", "tools": [{"type": "function", "name": "spawn_agent"}]},
+        {"type": "web_search", "external_web_access": true}
+    ]);
+    let got = tool_schemas_from_request(&codex);
+    assert_eq!(got.keys().collect::<Vec<_>>(), ["exec_command"]);
+    assert!(tool_schemas_from_request(&json!({"not": "a list"})).is_empty());
+}
+
+#[test]
 fn prompt_opening_think() {
     assert!(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
     assert!(!prompt_opens_reasoning(
@@ -648,12 +824,19 @@ fn ids_are_deterministic_and_distinct() {
     assert_ne!(a, call_id(2, 0));
 }
 
+/// A Qwen3-Coder call is emitted whole when its function closes, nothing before: a call cut off
+/// later must come back as text, and what was streamed could not be taken back.
 #[test]
-fn coder_arguments_stream_per_parameter() {
+fn coder_call_is_emitted_when_its_function_closes() {
     let mut p = StreamParser::new(coder());
-    let mut d = p.push("<tool_call>\n<function=run>\n<parameter=count>\n3\n</parameter>\n");
     assert_eq!(
-        d,
+        p.push("Ok.\n<tool_call>\n<function=run>\n"),
+        vec![Delta::Content("Ok.".into())]
+    );
+    assert_eq!(p.push("<parameter=count>\n3\n</parameter>\n"), vec![]);
+    assert_eq!(p.push("<parameter=force>\nfalse\n</parameter>\n"), vec![]);
+    assert_eq!(
+        p.push("</function>"),
         vec![
             Delta::ToolCallStart {
                 index: 0,
@@ -662,26 +845,38 @@ fn coder_arguments_stream_per_parameter() {
             },
             Delta::ToolCallArgs {
                 index: 0,
-                fragment: "{\"count\":3".into()
-            },
-        ]
-    );
-    d = p.push("<parameter=force>\nfalse\n</parameter>\n</function>\n</tool_call>");
-    assert_eq!(
-        d,
-        vec![
-            Delta::ToolCallArgs {
-                index: 0,
-                fragment: ",\"force\":false".into()
-            },
-            Delta::ToolCallArgs {
-                index: 0,
-                fragment: "}".into()
+                fragment: "{\"count\":3,\"force\":false}".into()
             },
             Delta::ToolCallEnd { index: 0 },
         ]
     );
+    assert_eq!(p.push("\n</tool_call>"), vec![]);
     assert!(p.finish().is_empty());
+
+    // The same call cut off before `</function>`: its text, held so far, is all released.
+    let mut p = StreamParser::new(coder());
+    let text = "Ok.\n<tool_call>\n<function=run>\n<parameter=count>\n3\n</parameter>\n";
+    let mut d = p.push(text);
+    d.extend(p.finish());
+    assert_eq!(Parsed::from_deltas(d).content, text);
+}
+
+/// A `</parameter>` is held until the next text says whether it closes the value.
+#[test]
+fn closing_tag_lookalike_waits_for_what_follows() {
+    let mut p = StreamParser::new(coder());
+    let head = "<tool_call>\n<function=a>\n<parameter=p>\nx\n</parameter>\n";
+    assert_eq!(p.push(head), vec![]);
+    // Not followed by a tag: value text after all.
+    assert_eq!(p.push("y\n</parameter>\n<para"), vec![]);
+    let mut d = p.push("meter=z>\n1\n</parameter>\n</function>\n</tool_call>");
+    d.extend(p.finish());
+    let got = Parsed::from_deltas(d);
+    assert_eq!(got.tool_calls.len(), 1);
+    assert_eq!(
+        got.tool_calls[0].arguments,
+        r#"{"p":"x\n</parameter>\ny","z":"1"}"#
+    );
 }
 
 #[test]
@@ -699,31 +894,4 @@ fn content_streams_without_delay() {
         p.push("<tool_call>"),
         vec![Delta::Content("<tool_call>".into())]
     );
-}
-
-#[test]
-fn coder_string_values_stream_as_written() {
-    let mut p = StreamParser::new(coder());
-    let args = |d: Vec<Delta>| -> Vec<String> {
-        d.into_iter()
-            .filter_map(|d| match d {
-                Delta::ToolCallArgs { fragment, .. } => Some(fragment),
-                _ => None,
-            })
-            .collect()
-    };
-    assert_eq!(
-        args(p.push("<tool_call>\n<function=run>\n<parameter=command>\n")),
-        Vec::<String>::new()
-    );
-    // Could still be `null`: held.
-    assert_eq!(args(p.push("nu")), Vec::<String>::new());
-    assert_eq!(args(p.push("m")), vec!["{\"command\":\"", "num"]);
-    // The trailing newline waits: it is stripped if the value ends here.
-    assert_eq!(args(p.push(" \"q\"\n")), vec![" \\\"q\\\""]);
-    assert_eq!(args(p.push("x\n</para")), vec!["\\nx"]);
-    assert_eq!(args(p.push("meter>\n")), vec!["\""]);
-    assert_eq!(args(p.push("</function>")), vec!["}"]);
-    let rest = p.finish();
-    assert!(rest.is_empty(), "{rest:?}");
 }
