@@ -238,7 +238,6 @@ impl Run {
 
 /// Claude Code (Anthropic Messages, streaming) with the Qwen3-Coder template's XML calls.
 #[test]
-#[ignore = "needs `system` messages inside `messages` (issue 15 deliver 1): today's server answers 400 messages.1.role"]
 fn claude_code_runs_a_tool() {
     let Some(bin) = client_bin("claude") else {
         return;
