@@ -269,7 +269,6 @@ fn claude_code_runs_a_tool() {
 
 /// Codex (OpenAI Responses, streaming) with the Qwen3 template's JSON calls.
 #[test]
-#[ignore = "needs POST /v1/responses (issue 15 deliver 2): today's server answers 404"]
 fn codex_runs_a_tool() {
     let Some(bin) = client_bin("codex") else {
         return;

@@ -12,7 +12,7 @@
 //!   template and tokenization, on the blocking pool) turns it into engine requests; each choice
 //!   comes back as a neutral [`pipeline::Reply`] stream (text, reasoning and tool-call deltas from
 //!   [`parse::StreamParser`], log-probabilities, the finish).
-//! - [`openai`], [`anthropic`], [`ollama`] are thin renderers of that stream: [`stream`] drives the
+//! - [`openai`], [`responses`], [`anthropic`], [`ollama`] are thin renderers of that stream: [`stream`] drives the
 //!   streamed form (with write timeouts), and a whole reply is the same stream folded.
 //!   [`fields`] holds the request fields they share; [`util`] the utility endpoints.
 //! - [`structured`] turns `response_format`, `grammar`, Ollama's `format` and forced tool choices
@@ -31,6 +31,7 @@ pub mod ollama;
 pub mod openai;
 pub mod parse;
 pub mod pipeline;
+pub mod responses;
 pub mod scripted;
 pub mod state;
 pub mod stream;
@@ -57,6 +58,12 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/models", get(openai::models))
         .route("/v1/models/{model}", get(openai::model))
+        .route("/v1/responses", post(responses::create))
+        .route("/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/chat", post(ollama::chat))

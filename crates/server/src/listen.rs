@@ -74,6 +74,8 @@ pub fn fd_limit() -> Option<u64> {
         };
         // SAFETY: getrlimit writes the struct it is given and nothing else.
         if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 {
+            // `rlim_t` is u64 on Linux but not on every libc.
+            #[allow(clippy::useless_conversion)]
             return u64::try_from(r.rlim_cur).ok();
         }
     }

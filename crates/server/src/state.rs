@@ -13,6 +13,7 @@ use crate::error::ApiError;
 use crate::listen::ConnStats;
 use crate::metrics::Metrics;
 use crate::parse::ToolFormat;
+use crate::responses::store::ResponseStore;
 use crate::stream::StreamConfig;
 
 /// Server settings that do not depend on the model.
@@ -93,6 +94,7 @@ struct Inner {
     loaded: OnceLock<Arc<Loaded>>,
     metrics: Metrics,
     connections: ConnStats,
+    responses: Arc<ResponseStore>,
     started: u64,
 }
 
@@ -111,6 +113,7 @@ impl AppState {
                 loaded: OnceLock::new(),
                 metrics: Metrics::default(),
                 connections: ConnStats::default(),
+                responses: Arc::default(),
                 started: SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs()),
@@ -175,6 +178,11 @@ impl AppState {
     /// The connection layer's counters (filled by [`crate::listen::serve`]).
     pub fn connections(&self) -> &ConnStats {
         &self.inner.connections
+    }
+
+    /// Stored Responses-API responses (`store: true`, `previous_response_id`).
+    pub fn responses(&self) -> &Arc<ResponseStore> {
+        &self.inner.responses
     }
 
     /// Unix time the server started (the `created` of `/v1/models`).

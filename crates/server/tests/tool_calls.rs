@@ -1,5 +1,5 @@
-//! Tool calls that never break a client, through every wire API that has tool calls today (OpenAI
-//! chat completions, Anthropic Messages, Ollama chat), whole and streamed at several cuts: Qwen3-
+//! Tool calls that never break a client, through every wire API that has tool calls (OpenAI
+//! chat completions, OpenAI Responses, Anthropic Messages, Ollama chat), whole and streamed at several cuts: Qwen3-
 //! Coder XML and Qwen3 JSON calls typed by the tool's schema, strings verbatim, text before a call
 //! kept, several calls in one reply, a call cut off by `max_tokens` returned as text, a call to a
 //! tool the request did not offer returned as text, an unparseable call returned as text; never an
@@ -51,6 +51,93 @@ fn anthropic_tools() -> Value {
             })
             .collect(),
     )
+}
+
+/// The same tools in the Responses API's flat shape.
+fn responses_tools() -> Value {
+    let list = tools().as_array().unwrap().clone();
+    Value::Array(
+        list.into_iter()
+            .map(|t| {
+                let mut f = t["function"].clone();
+                f["type"] = "function".into();
+                f
+            })
+            .collect(),
+    )
+}
+
+/// A response object: its message text, its function calls, and its status.
+fn responses(v: &Value) -> Seen {
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    for item in v["output"].as_array().unwrap() {
+        match item["type"].as_str().unwrap() {
+            "message" => {
+                for p in item["content"].as_array().unwrap() {
+                    content.push_str(p["text"].as_str().unwrap());
+                }
+            }
+            "function_call" => calls.push((
+                item["name"].as_str().unwrap().to_string(),
+                serde_json::from_str(item["arguments"].as_str().unwrap()).unwrap(),
+            )),
+            "reasoning" => {}
+            other => panic!("output item {other}"),
+        }
+    }
+    let finish = match v["status"].as_str().unwrap() {
+        "incomplete" => Finish::Length,
+        "completed" if !calls.is_empty() => Finish::Tools,
+        "completed" => Finish::Stop,
+        other => panic!("status {other}"),
+    };
+    Seen {
+        content,
+        calls,
+        finish,
+    }
+}
+
+/// A streamed response: what its deltas add up to, checked against the `.done` events and the
+/// final response object.
+fn responses_stream(body: &str) -> Seen {
+    let frames = sse_frames(body);
+    let mut content = String::new();
+    let mut calls: Vec<(String, String)> = Vec::new();
+    let mut last = Value::Null;
+    for (event, data) in &frames {
+        let v: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(event.as_deref(), v["type"].as_str(), "{data}");
+        match v["type"].as_str().unwrap() {
+            "response.output_text.delta" => content.push_str(v["delta"].as_str().unwrap()),
+            "response.output_item.added" if v["item"]["type"] == "function_call" => {
+                calls.push((v["item"]["name"].as_str().unwrap().into(), String::new()))
+            }
+            "response.function_call_arguments.delta" => calls
+                .last_mut()
+                .unwrap()
+                .1
+                .push_str(v["delta"].as_str().unwrap()),
+            "response.function_call_arguments.done" => {
+                assert_eq!(v["arguments"].as_str().unwrap(), calls.last().unwrap().1)
+            }
+            "response.completed" | "response.incomplete" => last = v["response"].clone(),
+            "response.failed" | "error" => panic!("error in the stream: {data}"),
+            _ => {}
+        }
+    }
+    let whole = responses(&last);
+    let seen = Seen {
+        content,
+        calls: calls
+            .into_iter()
+            .map(|(n, a)| (n, serde_json::from_str(&a).unwrap()))
+            .collect(),
+        finish: whole.finish,
+    };
+    assert_eq!(seen, whole, "the deltas add up to the final response");
+    seen
 }
 
 fn openai(v: &Value) -> Seen {
@@ -257,6 +344,20 @@ async fn check(s: &Setup, reply: &str, max_tokens: Option<usize>, want: &Seen) {
             };
             assert_eq!(&got, want, "anthropic {what}");
 
+            let mut body = json!({"model": "m", "stream": stream, "tools": responses_tools(),
+                "input": "Go.", "reasoning": {"effort": "none"}});
+            if let Some(n) = max_tokens {
+                body["max_output_tokens"] = n.into();
+            }
+            let r = post(s.app(), "/v1/responses", &body).await;
+            assert_eq!(r.status, 200, "responses {what}: {}", r.text());
+            let got = if stream {
+                responses_stream(&r.text())
+            } else {
+                responses(&r.json())
+            };
+            assert_eq!(&got, want, "responses {what}");
+
             let mut body =
                 json!({"model": "m", "stream": stream, "tools": tools(), "messages": user});
             if let Some(n) = max_tokens {
@@ -377,6 +478,15 @@ async fn check_one_cut(s: &Setup, script: Script, max_tokens: usize, want: &Seen
             anthropic(&r.json())
         };
         assert_eq!(&got, want, "anthropic {what}");
+        let body = json!({"stream": stream, "tools": responses_tools(), "input": "Go.",
+            "max_output_tokens": max_tokens, "reasoning": {"effort": "none"}});
+        let r = post(s.app(), "/v1/responses", &body).await;
+        let got = if stream {
+            responses_stream(&r.text())
+        } else {
+            responses(&r.json())
+        };
+        assert_eq!(&got, want, "responses {what}");
         let body = json!({"stream": stream, "tools": tools(), "messages": user,
             "options": {"num_predict": max_tokens}});
         let r = post(s.app(), "/api/chat", &body).await;

@@ -86,6 +86,37 @@ def test_openai_chat_streamed_equals_non_streamed():
 
 
 @real
+def test_openai_responses_streamed_equals_whole():
+    c = oai()
+    whole = c.responses.create(model="x", input="Write a short poem about the sea.", max_output_tokens=24,
+                               temperature=0, reasoning={"effort": "none"})
+    assert whole.status in ("completed", "incomplete")
+    assert whole.usage.output_tokens > 0
+    assert whole.usage.total_tokens == whole.usage.input_tokens + whole.usage.output_tokens
+    text, final, seqs = "", None, []
+    with c.responses.stream(model="x", input="Write a short poem about the sea.", max_output_tokens=24,
+                            temperature=0, reasoning={"effort": "none"}) as stream:
+        for ev in stream:
+            seqs.append(ev.sequence_number)
+            if ev.type == "response.output_text.delta":
+                text += ev.delta
+            # The SDK's get_final_response() takes only `response.completed`; a reply cut by
+            # max_output_tokens ends in `response.incomplete`, as OpenAI's own does.
+            if ev.type in ("response.completed", "response.incomplete"):
+                final = ev.response
+    assert seqs == list(range(len(seqs)))
+    assert text == whole.output_text == final.output_text
+    assert final.status == whole.status
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    # Continued from the stored response: the whole conversation is the prompt.
+    follow = c.responses.create(model="x", input="Another one.", previous_response_id=whole.id, max_output_tokens=4,
+                                reasoning={"effort": "none"})
+    assert follow.usage.input_tokens > whole.usage.input_tokens + whole.usage.output_tokens
+    with pytest.raises(openai.BadRequestError):
+        c.responses.create(model="x", input="x", previous_response_id="resp_unknown")
+
+
+@real
 def test_openai_chat_options_n_logprobs_stop():
     c = oai()
     r = c.chat.completions.create(
@@ -310,6 +341,35 @@ def test_scripted_openai_reasoning_and_tool_calls():
         {"role": "assistant", "content": None, "tool_calls": [tc.model_dump() for tc in m.tool_calls]},
         {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "sunny"}])
     assert follow.choices[0].message.tool_calls
+
+
+@scripted
+def test_scripted_openai_responses_reasoning_and_function_calls():
+    c = oai()
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    whole = c.responses.create(model="x", input="Weather in Paris?", tools=tools, reasoning={"summary": "auto"})
+    kinds = [o.type for o in whole.output]
+    assert kinds == ["reasoning", "message", "function_call"], kinds
+    assert whole.output[1].content[0].text == "Let me check."
+    assert whole.output[0].summary[0].text == "The user wants weather."
+    call = whole.output[2]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    args, summary = "", ""
+    with c.responses.stream(model="x", input="Weather in Paris?", tools=tools, reasoning={"summary": "auto"}) as stream:
+        for ev in stream:
+            if ev.type == "response.function_call_arguments.delta":
+                args += ev.delta
+            elif ev.type == "response.reasoning_summary_text.delta":
+                summary += ev.delta
+        final = stream.get_final_response()
+    assert json.loads(args) == {"city": "Paris"} and summary == "The user wants weather."
+    assert [o.type for o in final.output] == kinds
+    # The call's output goes back as an item, the reasoning with it.
+    follow = c.responses.create(model="x", tools=tools, input=[
+        {"role": "user", "content": "Weather in Paris?"},
+        *[o.model_dump(exclude_none=True) for o in whole.output],
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    assert follow.status == "completed"
 
 
 @scripted

@@ -1,0 +1,400 @@
+//! OpenAI Responses (`/v1/responses`) as Codex and the SDKs use it: the streamed event sequence in
+//! order with its sequence numbers, the whole response equal to the streamed one's last event,
+//! reasoning as a `reasoning` item with a summary, Codex's captured requests, `store` and
+//! `previous_response_id`, `text.format`, `max_output_tokens` as `incomplete`, and 400s in OpenAI's
+//! error shape for what Hearth cannot serve.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+const THOUGHT: &str = "<think>\nThe user greets me.\n</think>\n\nHello there, friend.";
+
+/// The events of a streamed response, checked for framing, sequence numbers, and every item event
+/// naming the item added at its `output_index`.
+fn events(body: &str) -> Vec<Value> {
+    let frames = sse_frames(body);
+    let mut items: Vec<String> = Vec::new();
+    frames
+        .iter()
+        .enumerate()
+        .map(|(i, (event, data))| {
+            let v: Value = serde_json::from_str(data).unwrap();
+            assert_eq!(event.as_deref(), v["type"].as_str(), "event line = type");
+            assert_eq!(
+                v["sequence_number"], i as u64,
+                "sequence numbers count from 0"
+            );
+            if v["type"] == "response.output_item.added" {
+                assert_eq!(v["output_index"], items.len() as u64, "{data}");
+                items.push(v["item"]["id"].as_str().unwrap().to_string());
+            } else if let Some(k) = v["output_index"].as_u64() {
+                let id = v.get("item_id").unwrap_or(&v["item"]["id"]);
+                assert_eq!(id, &items[k as usize], "{data}");
+            }
+            v
+        })
+        .collect()
+}
+
+/// The event types in order, runs of the same delta event collapsed into one.
+fn kinds(evs: &[Value]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for e in evs {
+        let k = e["type"].as_str().unwrap().to_string();
+        if k.ends_with(".delta") && out.last() == Some(&k) {
+            continue;
+        }
+        out.push(k);
+    }
+    out
+}
+
+/// A response object without what differs between two runs (ids, times).
+fn stable(v: &Value) -> Value {
+    let mut v = v.clone();
+    v["id"] = Value::Null;
+    v["created_at"] = Value::Null;
+    for item in v["output"].as_array_mut().unwrap() {
+        item["id"] = Value::Null;
+    }
+    v
+}
+
+#[tokio::test]
+async fn streamed_events_come_in_order_and_end_in_the_whole_response() {
+    let s = setup(THOUGHT, Tpl::Qwen3);
+    let body =
+        json!({"model": "m", "input": "hi", "stream": true, "reasoning": {"summary": "auto"}});
+    let r = post(s.app(), "/v1/responses", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.headers["content-type"], "text/event-stream");
+    let evs = events(&r.text());
+    assert_eq!(
+        kinds(&evs),
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.reasoning_summary_part.added",
+            "response.reasoning_summary_text.delta",
+            "response.reasoning_summary_text.done",
+            "response.reasoning_summary_part.done",
+            "response.output_item.done",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    assert_eq!(evs[0]["response"]["status"], "in_progress");
+    let last = &evs.last().unwrap()["response"];
+    assert_eq!(last["status"], "completed");
+    assert_eq!(last["output"][0]["type"], "reasoning");
+    assert_eq!(
+        last["output"][0]["summary"][0]["text"]
+            .as_str()
+            .unwrap()
+            .trim(),
+        "The user greets me."
+    );
+    assert_eq!(last["output"][1]["type"], "message");
+    assert_eq!(last["output"][1]["role"], "assistant");
+    assert_eq!(last["output"][1]["content"][0]["type"], "output_text");
+    assert_eq!(
+        last["output"][1]["content"][0]["text"],
+        "Hello there, friend."
+    );
+    let u = &last["usage"];
+    assert!(u["input_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(u["input_tokens_details"]["cached_tokens"], 0);
+    assert!(
+        u["output_tokens_details"]["reasoning_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(
+        u["total_tokens"].as_u64().unwrap(),
+        u["input_tokens"].as_u64().unwrap() + u["output_tokens"].as_u64().unwrap()
+    );
+    // Each item's `.done` is the item the final response holds.
+    let done: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.done")
+        .map(|e| &e["item"])
+        .collect();
+    assert_eq!(
+        done,
+        last["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .collect::<Vec<_>>()
+    );
+
+    let mut whole_body = body.clone();
+    whole_body["stream"] = false.into();
+    let r = post(s.app(), "/v1/responses", &whole_body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let whole = r.json();
+    assert_eq!(whole["object"], "response");
+    assert_eq!(stable(&whole), stable(last), "whole = streamed");
+}
+
+#[tokio::test]
+async fn codex_requests_are_served() {
+    let s = setup(
+        "<tool_call>\n{\"name\": \"exec_command\", \"arguments\": {\"cmd\": \"ls\"}}\n</tool_call>",
+        Tpl::Qwen3,
+    );
+    for file in [
+        "codex-1-responses.json",
+        "codex-2-responses-function-call-output.json",
+    ] {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/clients/").to_string() + file;
+        let captured: Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let r = post(s.app(), "/v1/responses", &captured["body"]).await;
+        assert_eq!(r.status, 200, "{file}: {}", r.text());
+        let evs = events(&r.text());
+        let last = &evs.last().unwrap()["response"];
+        assert_eq!(last["status"], "completed", "{file}");
+        let call = last["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["type"] == "function_call")
+            .unwrap_or_else(|| panic!("{file}: no call in {last}"));
+        assert_eq!(call["name"], "exec_command");
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args, json!({"cmd": "ls"}));
+        assert!(call["call_id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(last["store"], false);
+    }
+}
+
+#[tokio::test]
+async fn previous_response_id_continues_a_stored_conversation() {
+    let s = setup("Nice to meet you, Ada.", Tpl::Qwen3);
+    let first = post(
+        s.app(),
+        "/v1/responses",
+        &json!({"input": "My name is Ada.", "instructions": "Be brief."}),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let first = first.json();
+    let id = first["id"].as_str().unwrap();
+    assert!(id.starts_with("resp_"));
+
+    let got = send(s.app(), "GET", &format!("/v1/responses/{id}"), "", &[]).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.json(), first);
+
+    let next = post(
+        s.app(),
+        "/v1/responses",
+        &json!({"input": "What is my name?", "previous_response_id": id, "instructions": "Be brief."}),
+    )
+    .await;
+    assert_eq!(next.status, 200, "{}", next.text());
+    let next = next.json();
+    assert_eq!(next["previous_response_id"], id);
+    // The same prompt as the whole conversation sent as items.
+    let explicit = post(
+        s.app(),
+        "/v1/responses",
+        &json!({"instructions": "Be brief.", "store": false, "input": [
+            {"role": "user", "content": "My name is Ada."},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Nice to meet you, Ada."}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is my name?"}]}
+        ]}),
+    )
+    .await
+    .json();
+    assert_eq!(
+        next["usage"]["input_tokens"], explicit["usage"]["input_tokens"],
+        "the continued prompt is the whole conversation"
+    );
+    assert!(
+        next["usage"]["input_tokens"].as_u64().unwrap()
+            > first["usage"]["input_tokens"].as_u64().unwrap() + 8
+    );
+    // Not stored: `store: false`.
+    let explicit_id = explicit["id"].as_str().unwrap();
+    let r = send(
+        s.app(),
+        "GET",
+        &format!("/v1/responses/{explicit_id}"),
+        "",
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 404);
+
+    let del = send(s.app(), "DELETE", &format!("/v1/responses/{id}"), "", &[]).await;
+    assert_eq!(del.status, 200);
+    assert_eq!(del.json()["deleted"], true);
+    let r = post(
+        s.app(),
+        "/v1/responses",
+        &json!({"input": "again", "previous_response_id": id}),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "previous_response_id");
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+}
+
+#[tokio::test]
+async fn function_calls_and_their_outputs_are_the_template_turns() {
+    let s = setup("ok", Tpl::Qwen3);
+    let tools = json!([{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
+        {"type": "web_search"}, {"type": "namespace", "name": "ns", "tools": []}]);
+    let items = json!([
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "I should run ls."}], "encrypted_content": null},
+        {"type": "function_call", "call_id": "call_1", "name": "exec_command", "arguments": "{\"cmd\":\"ls\"}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "a.txt\nb.txt"}
+    ]);
+    let r = post(
+        s.app(),
+        "/v1/responses",
+        &json!({"input": items, "tools": tools}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The same conversation through chat completions: the same prompt.
+    let chat = post(
+        s.app(),
+        "/v1/chat/completions",
+        &json!({"tools": [{"type": "function", "function": {"name": "exec_command", "description": "", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}],
+            "messages": [
+            {"role": "developer", "content": "You are Codex."},
+            {"role": "user", "content": "list files"},
+            {"role": "assistant", "content": "", "reasoning_content": "I should run ls.", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "exec_command", "arguments": "{\"cmd\":\"ls\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "a.txt\nb.txt"}
+        ]}),
+    )
+    .await;
+    assert_eq!(chat.status, 200, "{}", chat.text());
+    assert_eq!(
+        r.json()["usage"]["input_tokens"],
+        chat.json()["usage"]["prompt_tokens"]
+    );
+}
+
+#[tokio::test]
+async fn text_format_holds_the_reply_to_the_schema() {
+    let s = setup("{\"a\": 7}", Tpl::Fixture);
+    let format = json!({"type": "json_schema", "name": "t", "strict": true,
+        "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}});
+    let r = post(
+        s.app(),
+        "/v1/responses",
+        &json!({"input": "hi", "text": {"format": format}}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["output"][0]["content"][0]["text"], "{\"a\": 7}");
+    assert_eq!(r.json()["text"]["format"]["name"], "t");
+    assert_eq!(s.backend.constrained(), 1);
+    // A reply the schema refuses fails the response.
+    let format = json!({"type": "json_schema", "name": "t", "schema": {"type": "array"}});
+    let r = post(
+        s.app(),
+        "/v1/responses",
+        &json!({"input": "hi", "stream": true, "text": {"format": format}}),
+    )
+    .await;
+    let evs = events(&r.text());
+    let last = evs.last().unwrap();
+    assert_eq!(last["type"], "response.failed");
+    assert_eq!(last["response"]["status"], "failed");
+    assert_eq!(last["response"]["error"]["code"], "server_error");
+}
+
+#[tokio::test]
+async fn max_output_tokens_ends_incomplete() {
+    let s = setup(
+        "one two three four five six seven eight nine ten",
+        Tpl::Fixture,
+    );
+    let r = post(
+        s.app(),
+        "/v1/responses",
+        &json!({"input": "count", "max_output_tokens": 3}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["status"], "incomplete");
+    assert_eq!(v["incomplete_details"]["reason"], "max_output_tokens");
+    assert_eq!(v["usage"]["output_tokens"], 3);
+    let r = post(
+        s.app(),
+        "/v1/responses",
+        &json!({"input": "count", "max_output_tokens": 3, "stream": true}),
+    )
+    .await;
+    let evs = events(&r.text());
+    assert_eq!(evs.last().unwrap()["type"], "response.incomplete");
+    assert_eq!(stable(&evs.last().unwrap()["response"]), stable(&v));
+}
+
+#[tokio::test]
+async fn what_hearth_cannot_serve_is_a_400_naming_it() {
+    let s = setup("ok", Tpl::Qwen3);
+    let cases = [
+        (json!({}), "input", "`input` is required"),
+        (
+            json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+            "input",
+            "text only",
+        ),
+        (
+            json!({"input": "hi", "tool_choice": {"type": "web_search"}}),
+            "tool_choice",
+            "function tools only",
+        ),
+        (
+            json!({"input": "hi", "reasoning": {"effort": "extreme"}}),
+            "reasoning.effort",
+            "extreme",
+        ),
+        (
+            json!({"input": [{"role": "robot", "content": "x"}]}),
+            "input",
+            "role",
+        ),
+        (
+            json!({"input": [{"type": "item_reference", "id": "msg_1"}]}),
+            "input",
+            "item_reference",
+        ),
+        (
+            json!({"input": "hi", "max_output_tokens": 0}),
+            "max_output_tokens",
+            "between",
+        ),
+    ];
+    for (body, param, words) in cases {
+        let r = post(s.app(), "/v1/responses", &body).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        let e = &r.json()["error"];
+        assert_eq!(e["param"], param, "{body}: {e}");
+        assert!(
+            e["message"].as_str().unwrap().contains(words),
+            "{body}: {e}"
+        );
+    }
+    let r = send(s.app(), "GET", "/v1/responses/resp_nope", "", &[]).await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["type"], "not_found_error");
+}
