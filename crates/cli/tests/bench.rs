@@ -1,4 +1,4 @@
-//! `hearth bench --json` on a tiny synthetic MoE: llama-bench's keys for both tests, a measured
+//! `hearth bench --json` on a tiny synthetic MoE: llama-bench's keys for both tests (and at a depth), a measured
 //! bandwidth and roofline, and a peak RSS that leaves out the 1 GiB bandwidth probe (it once did not).
 
 use std::process::Command;
@@ -75,4 +75,48 @@ fn json_has_llama_bench_keys_and_peak_rss_excludes_the_probe() {
         // A tiny model needs a few tens of MB, under the 300 MB slack; the 1 GiB probe would not be.
         assert!(rss <= bound, "peak RSS {rss} over the bound {bound}");
     }
+}
+
+/// `-d` (llama-bench's `--n-depth`): the tests again after a context of that many tokens, named and
+/// keyed as llama-bench does, with the KV cache sized for the deepest run; a depth whose cache
+/// cannot fit is refused before anything is allocated.
+#[test]
+fn depth_runs_each_test_after_a_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    let model = model.to_str().unwrap();
+    hearth(&["synth", "qwen3-moe-tiny", "-o", model]);
+    let out = hearth(&[
+        "bench", model, "-t", "2", "-p", "8", "-n", "4", "-r", "1", "-d", "0,40", "--json",
+    ]);
+    let tests: Vec<Value> = serde_json::from_slice(&out.stdout).expect("a JSON array");
+    let got: Vec<(u64, u64, u64)> = tests
+        .iter()
+        .map(|t| {
+            let k = |key: &str| t[key].as_u64().unwrap();
+            (k("n_prompt"), k("n_gen"), k("n_depth"))
+        })
+        .collect();
+    assert_eq!(got, [(8, 0, 0), (0, 4, 0), (8, 0, 40), (0, 4, 40)]);
+    let kv = tests[3]["kv_cache_bytes"].as_u64().unwrap();
+    // 40 + 8 + 1 positions of K and V.
+    assert!(kv > 0 && kv % 49 == 0, "KV cache of {kv} bytes");
+
+    let table = hearth(&[
+        "bench", model, "-t", "2", "-p", "8", "-n", "0", "-r", "1", "-d", "40",
+    ]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("pp8 @ d40"), "{table}");
+    assert!(table.contains("at depth 40"), "{table}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["bench", model, "-t", "2", "-d", "99999999999999"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("KV cache") && err.contains("memory available"),
+        "{err}"
+    );
 }

@@ -1,10 +1,16 @@
-//! `hearth bench MODEL [-p 512] [-n 128] [-t T] [-r R] [--json]`: llama-bench's two tests.
+//! `hearth bench MODEL [-p 512] [-n 128] [-d 0,...] [-t T] [-r R] [--json]`: llama-bench's two
+//! tests.
 //!
 //! `pp`: one prefill of p random tokens, logits for the last one only (as llama-bench's
 //! `common_batch_get_one`); `tg`: n decode steps of one random token each. Each test runs once to
-//! warm up, then r times from an empty cache; the table gives mean ± sd tokens per second in
-//! llama-bench's columns, and `--json` llama-bench's keys plus Hearth's own (roofline, bandwidth,
-//! peak RSS).
+//! warm up, then r times; the table gives mean ± sd tokens per second in llama-bench's columns, and
+//! `--json` llama-bench's keys plus Hearth's own (roofline, bandwidth, peak RSS).
+//!
+//! `-d N` (llama-bench's `--n-depth`) runs the tests after N tokens of context: N random tokens are
+//! prefilled once, untimed, and every repetition then starts at position N. A repetition only
+//! writes positions from N on and attention only reads positions up to the current one, so the
+//! context stays the same for every repetition without being refilled. The test is named
+//! `pp512 @ d4096` as llama-bench names it, and the memory line gives the KV cache at that depth.
 //!
 //! For `tg` it also prints the bandwidth roofline: weight bytes read per token ÷ the machine's measured
 //! read bandwidth ([`bandwidth`]). The probe runs before the model is loaded, its buffer is unmapped
@@ -43,6 +49,14 @@ pub struct Args {
     /// Tokens per prefill batch.
     #[arg(short = 'b', long, default_value_t = 512)]
     pub batch: usize,
+    /// Tokens of context before each test (comma-separated for several depths).
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    pub depth: Vec<usize>,
     /// Print a JSON array (llama-bench's keys) instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -66,8 +80,6 @@ pub fn run(args: Args) -> Result<()> {
     let m = args.model.load()?;
     let model = &m.model;
     let c = &model.config;
-    let n_ctx = (args.n_prompt.max(args.n_gen) + 1).max(16);
-    let mut kv = KvCache::new(1, c.n_layer, n_ctx, c.k_dim(), c.v_dim(), m.kv_type);
     let mut scratch = Scratch::new(model, args.batch.clamp(1, args.n_prompt.max(1)));
     let mut rng = Rng::new(1234);
     let mut random_tokens = |n: usize| -> Vec<u32> {
@@ -77,41 +89,83 @@ pub fn run(args: Args) -> Result<()> {
     };
 
     let mut results = Vec::new();
-    if args.n_prompt > 0 {
-        let samples = measure(args.reps, || {
-            let toks = random_tokens(args.n_prompt);
+    let mut kv_bytes = 0;
+    let mut kv_depth = 0;
+    for &depth in &args.depth {
+        let n_ctx = depth
+            .saturating_add(args.n_prompt.max(args.n_gen))
+            .saturating_add(1)
+            .max(16);
+        let el = if m.kv_type == hearth_model::KvType::F32 {
+            4
+        } else {
+            2
+        };
+        let kv_need =
+            (n_ctx as u64).saturating_mul((c.n_layer * (c.k_dim() + c.v_dim()) * el) as u64);
+        if let Some(avail) = bandwidth::mem_available_bytes() {
+            anyhow::ensure!(
+                kv_need < avail,
+                "-d {depth} needs a {:.1} GB KV cache, more than the {:.1} GB of memory available",
+                kv_need as f64 / 1e9,
+                avail as f64 / 1e9
+            );
+        }
+        let mut kv = KvCache::new(1, c.n_layer, n_ctx, c.k_dim(), c.v_dim(), m.kv_type);
+        if depth > 0 {
             let t0 = Instant::now();
-            prefill(model, &m.pool, &mut kv, &mut scratch, &toks)?;
-            Ok(t0.elapsed().as_secs_f64())
-        })?;
-        results.push(Test::new(
-            format!("pp{}", args.n_prompt),
-            args.n_prompt,
-            0,
-            samples,
-        ));
-    }
-    if args.n_gen > 0 {
-        let samples = measure(args.reps, || {
-            let toks = random_tokens(args.n_gen);
-            let t0 = Instant::now();
-            for (i, t) in toks.iter().enumerate() {
-                let batch = Batch {
-                    tokens: std::slice::from_ref(t),
-                    pos: &[i],
-                    seq: &[0],
-                    logits: &[true],
-                };
-                model.forward(&m.pool, &mut kv, &mut scratch, &batch, None)?;
+            prefill(
+                model,
+                &m.pool,
+                &mut kv,
+                &mut scratch,
+                &random_tokens(depth),
+                0,
+            )?;
+            eprintln!(
+                "depth {depth}: context prefilled in {:.1} s",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        let at = |name: String| {
+            if depth > 0 {
+                format!("{name} @ d{depth}")
+            } else {
+                name
             }
-            Ok(t0.elapsed().as_secs_f64())
-        })?;
-        results.push(Test::new(
-            format!("tg{}", args.n_gen),
-            0,
-            args.n_gen,
-            samples,
-        ));
+        };
+        if args.n_prompt > 0 {
+            let samples = measure(args.reps, || {
+                let toks = random_tokens(args.n_prompt);
+                let t0 = Instant::now();
+                prefill(model, &m.pool, &mut kv, &mut scratch, &toks, depth)?;
+                Ok(t0.elapsed().as_secs_f64())
+            })?;
+            let name = at(format!("pp{}", args.n_prompt));
+            results.push(Test::new(name, args.n_prompt, 0, depth, samples));
+        }
+        if args.n_gen > 0 {
+            let samples = measure(args.reps, || {
+                let toks = random_tokens(args.n_gen);
+                let t0 = Instant::now();
+                for (i, t) in toks.iter().enumerate() {
+                    let batch = Batch {
+                        tokens: std::slice::from_ref(t),
+                        pos: &[depth + i],
+                        seq: &[0],
+                        logits: &[true],
+                    };
+                    model.forward(&m.pool, &mut kv, &mut scratch, &batch, None)?;
+                }
+                Ok(t0.elapsed().as_secs_f64())
+            })?;
+            let name = at(format!("tg{}", args.n_gen));
+            results.push(Test::new(name, 0, args.n_gen, depth, samples));
+        }
+        if kv.bytes() as u64 >= kv_bytes {
+            kv_bytes = kv.bytes() as u64;
+            kv_depth = depth;
+        }
     }
 
     let report = Report {
@@ -128,7 +182,8 @@ pub fn run(args: Args) -> Result<()> {
         n_threads: m.pool.n_threads(),
         n_batch: args.batch,
         kv_type: format!("{:?}", m.kv_type).to_lowercase(),
-        kv_bytes: kv.bytes() as u64,
+        kv_bytes,
+        kv_depth,
         weight_bytes_per_token: weight_bytes_per_token(model),
         bandwidth: bw,
         peak_rss: peak_rss_bytes(),
@@ -148,16 +203,18 @@ struct Test {
     name: String,
     n_prompt: usize,
     n_gen: usize,
+    n_depth: usize,
     samples: Vec<f64>, // [reps] seconds per repetition
     test_time: String,
 }
 
 impl Test {
-    fn new(name: String, n_prompt: usize, n_gen: usize, samples: Vec<f64>) -> Test {
+    fn new(name: String, n_prompt: usize, n_gen: usize, n_depth: usize, samples: Vec<f64>) -> Test {
         Test {
             name,
             n_prompt,
             n_gen,
+            n_depth,
             samples,
             test_time: utc_timestamp(SystemTime::now()),
         }
@@ -180,7 +237,8 @@ struct Report {
     n_threads: usize,
     n_batch: usize,
     kv_type: String,
-    kv_bytes: u64,
+    kv_bytes: u64, // the largest cache of the run: at the deepest depth
+    kv_depth: usize,
     weight_bytes_per_token: u64,
     bandwidth: Option<Bandwidth>,
     peak_rss: u64,
@@ -228,7 +286,7 @@ impl Report {
                 "type_v": self.kv_type,
                 "n_prompt": t.n_prompt,
                 "n_gen": t.n_gen,
-                "n_depth": 0,
+                "n_depth": t.n_depth,
                 "test_time": t.test_time,
                 "avg_ns": avg_ns as u64,
                 "stddev_ns": stddev_ns as u64,
@@ -289,7 +347,7 @@ impl Report {
             );
         }
         println!(
-            "peak RSS: {:.1} MB{} (bound: file {:.1} MB + KV cache {:.1} MB + 300 MB = {:.1} MB)",
+            "peak RSS: {:.1} MB{} (bound: file {:.1} MB + KV cache {:.1} MB at depth {} + 300 MB = {:.1} MB)",
             self.peak_rss as f64 / 1e6,
             if self.peak_rss_includes_probe {
                 ", bandwidth probe included"
@@ -298,6 +356,7 @@ impl Report {
             },
             self.file_size as f64 / 1e6,
             self.kv_bytes as f64 / 1e6,
+            self.kv_depth,
             self.rss_bound() as f64 / 1e6,
         );
     }
@@ -309,16 +368,19 @@ fn measure(reps: usize, mut f: impl FnMut() -> Result<f64>) -> Result<Vec<f64>> 
     (0..reps).map(|_| f()).collect()
 }
 
+/// Prefills `toks` at positions `start..`.
 fn prefill(
     model: &Model,
     pool: &ThreadPool,
     kv: &mut KvCache,
     scratch: &mut Scratch,
     toks: &[u32],
+    start: usize,
 ) -> Result<()> {
     let chunk = scratch.max_tokens();
     for (ci, part) in toks.chunks(chunk).enumerate() {
-        let pos: Vec<usize> = (ci * chunk..ci * chunk + part.len()).collect();
+        let first = start + ci * chunk;
+        let pos: Vec<usize> = (first..first + part.len()).collect();
         let seq = vec![0; part.len()];
         // Logits for the chunk's last token only, as llama-bench: the output projection is one row.
         let mut want = vec![false; part.len()];

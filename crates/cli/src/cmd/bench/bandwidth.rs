@@ -136,7 +136,7 @@ fn largest_cache_bytes() -> Option<u64> {
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.
-fn mem_available_bytes() -> Option<u64> {
+pub(super) fn mem_available_bytes() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
