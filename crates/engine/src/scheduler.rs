@@ -382,11 +382,12 @@ impl<'a> Engine<'a> {
                 let prefix = self.slots[src].tokens[..common].to_vec();
                 self.slots[dst].tokens = prefix;
             }
-            self.sh
-                .stats
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .cached_tokens += common as u64;
+            {
+                let mut st = self.sh.stats.lock().unwrap_or_else(|e| e.into_inner());
+                st.cached_tokens += common as u64;
+                st.prefix_queries += 1;
+                st.prefix_query_tokens += limit as u64;
+            }
             seq.admitted();
             seq.set_cached(common);
             let slot = &mut self.slots[dst];

@@ -144,8 +144,12 @@ pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
 pub struct Stats {
     /// Prompt tokens processed (computed, not cached).
     pub prompt_tokens: u64,
-    /// Prompt tokens served from the prefix cache.
+    /// Prompt tokens served from the prefix cache (the prefix cache's hits, in tokens).
     pub cached_tokens: u64,
+    /// Requests that looked their prompt up in the prefix cache.
+    pub prefix_queries: u64,
+    /// The prompt tokens of those lookups (what a perfect cache would have served, but the last).
+    pub prefix_query_tokens: u64,
     /// Tokens generated.
     pub generated_tokens: u64,
     /// Seconds spent in prefill steps.

@@ -178,6 +178,11 @@ fn prefix_cache_hot_and_cold_agree() {
         unreachable!()
     };
     assert!(n_cached >= c2 - 1, "{n_cached}");
+    // The prefix-cache counters of /metrics: three lookups; the hits are the cached tokens.
+    let st = s.stats();
+    assert_eq!(st.prefix_queries, 3);
+    assert_eq!(st.cached_tokens as usize, c2 + n_cached);
+    assert!(st.prefix_query_tokens as usize >= 2 * (n_prompt - 1) + n_cached);
 }
 
 #[test]

@@ -69,7 +69,7 @@ impl Metrics {
             return o;
         };
         let rate = |n: u64, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
-        let rows: [(&str, &str, &str, f64); 10] = [
+        let rows: [(&str, &str, &str, f64); 12] = [
             (
                 "prompt_tokens_total",
                 "counter",
@@ -81,6 +81,18 @@ impl Metrics {
                 "counter",
                 "Prompt tokens served from the prefix cache.",
                 s.cached_tokens as f64,
+            ),
+            (
+                "prefix_cache_queries_total",
+                "counter",
+                "Requests that looked their prompt up in the prefix cache.",
+                s.prefix_queries as f64,
+            ),
+            (
+                "prefix_cache_query_tokens_total",
+                "counter",
+                "Prompt tokens looked up in the prefix cache (all but each prompt's last, which is always computed); hits are cached_prompt_tokens_total.",
+                s.prefix_query_tokens as f64,
             ),
             (
                 "generated_tokens_total",

@@ -77,7 +77,7 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
 
-    let m = args.model.load()?;
+    let m = args.model.load_unsized()?;
     let model = &m.model;
     let c = &model.config;
     let mut scratch = Scratch::new(model, args.batch.clamp(1, args.n_prompt.max(1)));
@@ -103,7 +103,7 @@ pub fn run(args: Args) -> Result<()> {
         };
         let kv_need =
             (n_ctx as u64).saturating_mul((c.n_layer * (c.k_dim() + c.v_dim()) * el) as u64);
-        if let Some(avail) = bandwidth::mem_available_bytes() {
+        if let Some(avail) = super::common::mem_available_bytes() {
             anyhow::ensure!(
                 kv_need < avail,
                 "-d {depth} needs a {:.1} GB KV cache, more than the {:.1} GB of memory available",

@@ -19,9 +19,14 @@ pub struct ModelArgs {
     /// Threads for the forward pass (default: all available cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
-    /// Context size in tokens (default: the model's trained context, at most 8192).
+    /// Context size in tokens (default: the model's trained context, limited by the KV cache that
+    /// fits in memory).
     #[arg(short = 'c', long = "ctx")]
     pub ctx: Option<usize>,
+    /// Memory for the KV cache, e.g. `8G`, `512M` (powers of 1024; default: what is available
+    /// after the weights, less 1 GiB of headroom).
+    #[arg(long, value_parser = parse_size)]
+    pub kv_budget: Option<u64>,
     /// KV cache element type.
     #[arg(long, value_enum, default_value = "f16")]
     pub kv_type: KvTypeArg,
@@ -52,6 +57,196 @@ pub struct Loaded {
     pub pool: ThreadPool,
     pub n_ctx: usize,
     pub kv_type: KvType,
+}
+
+/// Memory kept free beside the weights and the KV cache (scratch, the allocator, the OS).
+const HEADROOM_BYTES: u64 = 1 << 30;
+
+/// Contexts are rounded down to a multiple of this.
+const CTX_ROUND: usize = 256;
+
+/// The context per sequence and why.
+#[derive(Debug)]
+pub struct ContextSize {
+    pub n_ctx: usize,
+    pub why: String,
+}
+
+/// KV cache bytes per position of one sequence.
+pub fn kv_bytes_per_token(model: &Model, kv_type: KvType) -> u64 {
+    let c = &model.config;
+    let el = match kv_type {
+        KvType::F16 => 2,
+        KvType::F32 => 4,
+    };
+    (c.n_layer * (c.k_dim() + c.v_dim()) * el) as u64
+}
+
+/// Chooses the context per sequence: `-c` when given (checked against `--kv-budget` when both are);
+/// else the model's trained context, limited by the KV cache of `parallel` sequences that fits in
+/// the budget (`--kv-budget`, or the memory available after the weights less [`HEADROOM_BYTES`]).
+pub fn context_size(
+    model: &Model,
+    kv_type: KvType,
+    parallel: usize,
+    ctx: Option<usize>,
+    budget: Option<u64>,
+) -> Result<ContextSize> {
+    choose_context(
+        &Facts {
+            per_token: kv_bytes_per_token(model, kv_type),
+            trained: model.config.n_ctx_train,
+            weights: model.gguf().bytes().len() as u64,
+            available: mem_available_bytes(),
+            kind: format!("{kv_type:?}").to_lowercase(),
+        },
+        parallel,
+        ctx,
+        budget,
+    )
+}
+
+/// What the context choice depends on.
+struct Facts {
+    /// KV bytes per position of one sequence.
+    per_token: u64,
+    /// The trained context.
+    trained: usize,
+    /// The model file's size.
+    weights: u64,
+    /// Memory available now (`None`: unknown on this system).
+    available: Option<u64>,
+    /// The KV type's name.
+    kind: String,
+}
+
+fn choose_context(
+    f: &Facts,
+    parallel: usize,
+    ctx: Option<usize>,
+    budget: Option<u64>,
+) -> Result<ContextSize> {
+    let per_token = f.per_token.max(1);
+    let parallel = parallel.max(1);
+    let trained = f.trained.max(1);
+    let gb = |b: u64| b as f64 / 1e9;
+    let kv_of = |n: usize| {
+        (n as u64)
+            .saturating_mul(per_token)
+            .saturating_mul(parallel as u64)
+    };
+    let kind = &f.kind;
+    if let Some(c) = ctx {
+        anyhow::ensure!(c >= 1, "--ctx must be at least 1");
+        if let Some(b) = budget {
+            anyhow::ensure!(
+                kv_of(c) <= b,
+                "-c {c} for {parallel} sequence(s) needs {:.2} GB of {kind} KV cache, more than --kv-budget {:.2} GB",
+                gb(kv_of(c)),
+                gb(b)
+            );
+        }
+        return Ok(ContextSize {
+            n_ctx: c,
+            why: format!(
+                "context {c} tokens per sequence (-c) x {parallel}: {:.2} GB of {kind} KV cache at most",
+                gb(kv_of(c))
+            ),
+        });
+    }
+    let (budget, source) = match budget {
+        Some(b) => (b, "--kv-budget".to_string()),
+        None => match f.available {
+            Some(avail) => {
+                let weights = f.weights;
+                (
+                    avail.saturating_sub(weights).saturating_sub(HEADROOM_BYTES),
+                    format!(
+                        "{:.2} GB available less {:.2} GB of weights and {:.2} GB of headroom",
+                        gb(avail),
+                        gb(weights),
+                        gb(HEADROOM_BYTES)
+                    ),
+                )
+            }
+            // No /proc/meminfo (not Linux): the trained context, at most 8192, as before.
+            None => {
+                let n = trained.min(8192);
+                return Ok(ContextSize {
+                    n_ctx: n,
+                    why: format!(
+                        "context {n} tokens per sequence (the trained {trained}, at most 8192: \
+                         available memory unknown here; set -c or --kv-budget)"
+                    ),
+                });
+            }
+        },
+    };
+    let fit = (budget / per_token / parallel as u64).min(usize::MAX as u64) as usize;
+    if fit >= trained {
+        return Ok(ContextSize {
+            n_ctx: trained,
+            why: format!(
+                "context {trained} tokens per sequence (the trained context) x {parallel}: {:.2} GB of {kind} KV cache at most, within {:.2} GB ({source})",
+                gb(kv_of(trained)),
+                gb(budget)
+            ),
+        });
+    }
+    let n = fit / CTX_ROUND * CTX_ROUND;
+    anyhow::ensure!(
+        n >= CTX_ROUND,
+        "not enough memory for a KV cache: {:.2} GB ({source}) holds {fit} tokens per sequence for \
+         {parallel} sequence(s) at {per_token} bytes per token; lower --parallel, or set -c or --kv-budget",
+        gb(budget)
+    );
+    Ok(ContextSize {
+        n_ctx: n,
+        why: format!(
+            "context {n} tokens per sequence x {parallel} (the trained context is {trained}): \
+             what {:.2} GB of {kind} KV cache holds ({source}); -c or --kv-budget overrides",
+            gb(budget)
+        ),
+    })
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes.
+pub fn mem_available_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// A size: a number with an optional unit `K`, `M`, `G`, `T` (powers of 1024; `KiB`, `MB`, ... are
+/// read the same), e.g. `8G`, `1.5G`, `512M`, `1073741824`.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let x: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size such as 8G or 512M"))?;
+    let mult = match unit
+        .trim()
+        .to_ascii_uppercase()
+        .trim_end_matches('B')
+        .trim_end_matches('I')
+    {
+        "" => 1u64,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return Err(format!("`{s}`: the unit must be K, M, G or T")),
+    };
+    let v = x * mult as f64;
+    if !v.is_finite() || v < 1.0 || v > u64::MAX as f64 / 2.0 {
+        return Err(format!("`{s}` is not a usable size"));
+    }
+    Ok(v as u64)
 }
 
 /// A spinner on stderr while `f` runs; hidden when stderr is not a terminal.
@@ -90,8 +285,23 @@ impl ModelArgs {
         }
     }
 
-    /// Opens the file, binds the model and builds the tokenizer.
+    /// Opens the file, binds the model and builds the tokenizer, for one sequence.
     pub fn load(&self) -> Result<Loaded> {
+        self.load_for(1)
+    }
+
+    /// [`ModelArgs::load`] for `parallel` sequences of the context chosen.
+    pub fn load_for(&self, parallel: usize) -> Result<Loaded> {
+        self.load_sized(Some(parallel))
+    }
+
+    /// [`ModelArgs::load`] for a command that sizes its own KV cache (`bench`): no context is
+    /// chosen (`n_ctx` is the trained context) and memory is not checked.
+    pub fn load_unsized(&self) -> Result<Loaded> {
+        self.load_sized(None)
+    }
+
+    fn load_sized(&self, parallel: Option<usize>) -> Result<Loaded> {
         let path = &self.model;
         let n_threads = self.n_threads()?;
         let (model, tokenizer) =
@@ -105,17 +315,23 @@ impl ModelArgs {
                     Model::load(gguf).with_context(|| format!("cannot load {}", path.display()))?;
                 Ok((model, tokenizer))
             })?;
-        let n_ctx = match self.ctx {
-            Some(0) => anyhow::bail!("--ctx must be at least 1"),
-            Some(c) => c,
-            None => model.config.n_ctx_train.min(8192),
+        let kv_type: KvType = self.kv_type.into();
+        let sizing = match parallel {
+            Some(p) => context_size(&model, kv_type, p, self.ctx, self.kv_budget)?,
+            None => ContextSize {
+                n_ctx: model.config.n_ctx_train,
+                why: String::new(),
+            },
         };
+        if !sizing.why.is_empty() {
+            tracing::info!("{}", sizing.why);
+        }
         Ok(Loaded {
             model,
             tokenizer,
             pool: ThreadPool::new(n_threads),
-            n_ctx,
-            kv_type: self.kv_type.into(),
+            n_ctx: sizing.n_ctx,
+            kv_type,
         })
     }
 }
@@ -162,5 +378,70 @@ pub fn isolate(template: ChatTemplate) -> ChatTemplate {
             );
             template
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{choose_context, parse_size, Facts};
+
+    const GB: u64 = 1 << 30;
+
+    fn facts(available: Option<u64>) -> Facts {
+        // Qwen3-30B-A3B: 48 layers x (512 + 512) f16 = 96 KiB per token; 262,144 trained.
+        Facts {
+            per_token: 48 * 1024 * 2,
+            trained: 262_144,
+            weights: 18 * GB,
+            available,
+            kind: "f16".into(),
+        }
+    }
+
+    #[test]
+    fn the_context_is_the_trained_one_limited_by_memory() {
+        // 24 GB machine: 5 GB after 18 GB of weights and 1 GB headroom: 54,613 tokens for one.
+        let one = choose_context(&facts(Some(24 * GB)), 1, None, None).unwrap();
+        assert_eq!(one.n_ctx, 54_528);
+        let four = choose_context(&facts(Some(24 * GB)), 4, None, None).unwrap();
+        assert_eq!(four.n_ctx, 13_568);
+        assert!(
+            four.why.contains("trained context is 262144"),
+            "{}",
+            four.why
+        );
+        // Plenty of memory: the trained context.
+        let big = choose_context(&facts(Some(200 * GB)), 4, None, None).unwrap();
+        assert_eq!(big.n_ctx, 262_144);
+        // --kv-budget replaces the memory estimate; -c wins over both, within the budget.
+        let b = choose_context(&facts(Some(24 * GB)), 1, None, Some(12 * GB)).unwrap();
+        assert_eq!(b.n_ctx, 131_072);
+        assert_eq!(
+            choose_context(&facts(None), 2, Some(5000), None)
+                .unwrap()
+                .n_ctx,
+            5000
+        );
+        assert!(choose_context(&facts(None), 2, Some(200_000), Some(GB)).is_err());
+        // Unknown memory: the old default.
+        assert_eq!(
+            choose_context(&facts(None), 4, None, None).unwrap().n_ctx,
+            8192
+        );
+        // Not even 256 tokens fit: a clear error.
+        let e = choose_context(&facts(Some(19 * GB)), 4, None, None).unwrap_err();
+        assert!(e.to_string().contains("not enough memory"), "{e}");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("8G"), Ok(8 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("8X").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("1e400").is_err());
     }
 }

@@ -119,7 +119,7 @@ impl Args {
             let template = self.template(tpl.as_deref())?;
             return Ok((Arc::new(b), template));
         }
-        let loaded = self.model.load()?;
+        let loaded = self.model.load_for(self.parallel)?;
         let meta = loaded.model.gguf().metadata();
         let src = meta.get_str("tokenizer.chat_template").map(str::to_string);
         let template = self.template(src.as_deref())?;

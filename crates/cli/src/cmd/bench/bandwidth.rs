@@ -17,6 +17,8 @@ use std::time::Instant;
 
 use hearth_model::ThreadPool;
 
+use crate::cmd::common::mem_available_bytes;
+
 /// Smallest probe buffer.
 const MIN_BYTES: u64 = 1 << 30;
 /// Largest probe buffer, whatever the caches say.
@@ -133,14 +135,6 @@ fn largest_cache_bytes() -> Option<u64> {
         })
         .filter_map(|e| parse_size(&std::fs::read_to_string(e.path().join("size")).ok()?))
         .max()
-}
-
-/// `MemAvailable` from /proc/meminfo, in bytes.
-pub(super) fn mem_available_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kb.checked_mul(1024)
 }
 
 /// A sysfs cache size: `32K`, `1024K`, `32M`, or plain bytes.
