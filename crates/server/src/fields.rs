@@ -181,6 +181,26 @@ pub fn logit_bias(map: &Map<String, Value>, n_vocab: usize) -> Result<Vec<(u32, 
     Ok(out)
 }
 
+/// Token ids checked against the vocabulary; the first one outside it is a 400 naming `param`.
+pub fn token_ids<T>(param: &str, raw: &[T], n_vocab: usize) -> Result<Vec<u32>, ApiError>
+where
+    T: Copy + std::fmt::Display + TryInto<u32>,
+{
+    raw.iter()
+        .map(|&id| {
+            id.try_into()
+                .ok()
+                .filter(|&i: &u32| (i as usize) < n_vocab)
+                .ok_or_else(|| {
+                    ApiError::invalid_param(
+                        param,
+                        format!("token id {id} is outside the vocabulary (size {n_vocab})"),
+                    )
+                })
+        })
+        .collect()
+}
+
 /// A validated token budget: `None` when absent (until the end of generation or the context).
 pub fn max_tokens(name: &str, v: Option<i64>) -> Result<Option<usize>, ApiError> {
     match v {

@@ -150,21 +150,7 @@ pub fn prepare(l: &Loaded, req: GenRequest) -> Result<Prepared, ApiError> {
             (tok.encode_with_specials(&text, tok.add_bos(), true), false)
         }
         PromptInput::Ids(raw) => {
-            let n_vocab = l.info().n_vocab;
-            let ids = raw
-                .iter()
-                .map(|&id| {
-                    u32::try_from(id)
-                        .ok()
-                        .filter(|&i| (i as usize) < n_vocab)
-                        .ok_or_else(|| {
-                            ApiError::invalid_param(
-                                "prompt",
-                                format!("token id {id} is not below the vocabulary size {n_vocab}"),
-                            )
-                        })
-                })
-                .collect::<Result<Vec<u32>, _>>()?;
+            let ids = crate::fields::token_ids("prompt", &raw, l.info().n_vocab)?;
             (ids, false)
         }
     };

@@ -76,21 +76,7 @@ pub async fn detokenize(
     let req: DetokenizeRequest = fields::parse_body(body)?;
     let l = state.loaded()?;
     let n_vocab = l.tok().vocab_size();
-    let ids = req
-        .tokens
-        .iter()
-        .map(|&id| {
-            u32::try_from(id)
-                .ok()
-                .filter(|&i| (i as usize) < n_vocab)
-                .ok_or_else(|| {
-                    ApiError::invalid_param(
-                        "tokens",
-                        format!("token id {id} is outside the vocabulary (size {n_vocab})"),
-                    )
-                })
-        })
-        .collect::<Result<Vec<u32>, _>>()?;
+    let ids = fields::token_ids("tokens", &req.tokens, n_vocab)?;
     Ok(Json(json!({"content": l.tok().decode(&ids, true)})).into_response())
 }
 
