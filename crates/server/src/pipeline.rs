@@ -156,6 +156,10 @@ pub fn prepare(l: &Loaded, req: GenRequest) -> Result<Prepared, ApiError> {
     };
     let n_ctx = req.n_ctx.map_or(l.info().n_ctx, |c| c.min(l.info().n_ctx));
     check_prompt(&ids, n_ctx)?;
+    let max_tokens = match (req.max_tokens, l.max_tokens) {
+        (Some(n), Some(cap)) => Some(n.min(cap)),
+        (n, cap) => n.or(cap),
+    };
     let tools_v = tools.map(Value::Array);
     let choices = (0..req.n.max(1))
         .map(|i| {
@@ -167,7 +171,7 @@ pub fn prepare(l: &Loaded, req: GenRequest) -> Result<Prepared, ApiError> {
             };
             let request = Request {
                 prompt: ids.clone(),
-                max_tokens: req.max_tokens,
+                max_tokens,
                 n_ctx: req.n_ctx,
                 sampler,
                 stop: req.stop.clone(),

@@ -23,6 +23,8 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Largest request body in bytes (larger → 413).
     pub max_body: usize,
+    /// Most tokens a reply may generate, whatever the request asks (`None`: no cap).
+    pub max_tokens: Option<usize>,
     /// How streamed replies are written (the write timeout).
     pub stream: StreamConfig,
 }
@@ -32,6 +34,7 @@ impl Default for ServerConfig {
         ServerConfig {
             api_key: None,
             max_body: 16 << 20,
+            max_tokens: None,
             stream: StreamConfig::default(),
         }
     }
@@ -47,6 +50,8 @@ pub struct Loaded {
     pub encoder: ChatEncoder,
     /// The tool-call syntax the template teaches.
     pub tool_format: ToolFormat,
+    /// The server's cap on generated tokens per reply ([`ServerConfig::max_tokens`]).
+    pub max_tokens: Option<usize>,
     /// Compiles structured-output grammars; built on first use (its token trie takes a moment on a
     /// large vocabulary, and most servers never need it).
     constrainer: OnceLock<Result<Arc<Constrainer>, String>>,
@@ -141,6 +146,7 @@ impl AppState {
             template,
             encoder,
             tool_format,
+            max_tokens: self.inner.config.max_tokens,
             constrainer: OnceLock::new(),
         }));
     }

@@ -398,3 +398,36 @@ async fn what_hearth_cannot_serve_is_a_400_naming_it() {
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["type"], "not_found_error");
 }
+
+#[tokio::test]
+async fn the_servers_max_tokens_caps_every_api() {
+    let cfg = hearth_server::ServerConfig {
+        max_tokens: Some(2),
+        ..hearth_server::ServerConfig::default()
+    };
+    let s = setup_with(
+        hearth_server::scripted::Script::new("one two three four five six"),
+        Tpl::Fixture,
+        cfg,
+        4096,
+    );
+    let r = post(s.app(), "/v1/responses", &json!({"input": "count"})).await;
+    assert_eq!(r.json()["usage"]["output_tokens"], 2);
+    assert_eq!(r.json()["status"], "incomplete");
+    let r = post(
+        s.app(),
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "count"}], "max_tokens": 100}),
+    )
+    .await;
+    assert_eq!(r.json()["usage"]["completion_tokens"], 2);
+    assert_eq!(r.json()["choices"][0]["finish_reason"], "length");
+    // A smaller request limit still applies.
+    let r = post(
+        s.app(),
+        "/v1/messages",
+        &json!({"messages": [{"role": "user", "content": "count"}], "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(r.json()["usage"]["output_tokens"], 1);
+}

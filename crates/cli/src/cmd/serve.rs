@@ -39,6 +39,10 @@ pub struct Args {
     /// Largest request body in bytes (larger: 413).
     #[arg(long, default_value_t = 16 << 20)]
     max_body: usize,
+    /// Most tokens any reply may generate, whatever the request asks (default: no cap beyond the
+    /// context; llama-server's `-n`).
+    #[arg(long)]
+    max_tokens: Option<usize>,
     /// Require this API key (as `Authorization: Bearer KEY` or `x-api-key: KEY`).
     #[arg(long, conflicts_with = "api_key_file")]
     api_key: Option<String>,
@@ -256,6 +260,10 @@ pub fn run(args: Args) -> Result<()> {
     let config = ServerConfig {
         api_key: args.api_key()?,
         max_body: args.max_body,
+        max_tokens: match args.max_tokens {
+            Some(0) => anyhow::bail!("--max-tokens must be at least 1"),
+            n => n,
+        },
         stream: StreamConfig {
             write_timeout: positive("write-timeout", args.write_timeout)?,
         },
