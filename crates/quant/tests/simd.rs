@@ -13,8 +13,8 @@ mod common;
 
 use common::{f16_fields, random_row, Rng};
 use hearth_quant::simd::{
-    available_levels, cpu_level, quantize_row_at, vec_dot_at, vec_dot_matrix_at, vec_dot_rows_at,
-    vec_dot_tile_at, Level, Rows,
+    available_isas, cpu_level, quantize_row_at, vec_dot_at, vec_dot_matrix_at, vec_dot_rows_at,
+    vec_dot_tile_at, Isa, Level, Rows, ALL_ISAS,
 };
 use hearth_quant::{dequantize_row, has_vec_dot, vec_dot_type, GgmlType, ALL_TYPES};
 
@@ -26,19 +26,16 @@ fn dot_types() -> Vec<GgmlType> {
         .collect()
 }
 
-/// SIMD levels to test, with a note for each one the CPU lacks.
-fn simd_levels() -> Vec<Level> {
-    for l in [Level::Avx2, Level::Avx512] {
-        if l > cpu_level() {
-            println!(
-                "note: skipping level {l}: this CPU only runs up to {}",
-                cpu_level()
-            );
+/// SIMD instruction sets to test, with a note for each one the CPU lacks.
+fn simd_levels() -> Vec<Isa> {
+    for i in ALL_ISAS {
+        if !i.supported() {
+            println!("note: skipping {i}: this CPU does not run it");
         }
     }
-    available_levels()
+    available_isas()
         .into_iter()
-        .filter(|&l| l != Level::Scalar)
+        .filter(|&l| l != Isa::Scalar)
         .collect()
 }
 
@@ -144,7 +141,7 @@ fn simd_dots_match_scalar_twins() {
 
 #[test]
 fn public_vec_dot_uses_a_level_equal_to_vec_dot_at() {
-    let level = hearth_quant::kernel_level();
+    let level = hearth_quant::kernel_isa();
     let mut rng = Rng(42);
     for ty in dot_types() {
         let n = 512;
@@ -162,7 +159,7 @@ fn public_vec_dot_uses_a_level_equal_to_vec_dot_at() {
 #[test]
 fn tiles_are_bit_identical_to_single_dots() {
     let mut rng = Rng(0x711E);
-    for level in available_levels() {
+    for level in available_isas() {
         for ty in dot_types() {
             let aty = vec_dot_type(ty);
             for &n in &[
@@ -208,7 +205,7 @@ fn tiles_are_bit_identical_to_single_dots() {
 #[test]
 fn matrix_is_bit_identical_to_single_dots() {
     let mut rng = Rng(0x3A7);
-    for level in available_levels() {
+    for level in available_isas() {
         for ty in dot_types() {
             let aty = vec_dot_type(ty);
             let n = if ty.block_size() == 1 { 77 } else { 512 };
@@ -396,4 +393,10 @@ fn kernel_level_names_round_trip() {
     assert_eq!(Level::from_name("AVX2 "), Some(Level::Avx2));
     assert_eq!(Level::from_name("sse"), None);
     assert!(hearth_quant::kernel_level() <= cpu_level());
+    for i in ALL_ISAS {
+        assert_eq!(Isa::from_name(i.name()), Some(i));
+    }
+    assert_eq!(Isa::from_name("AVXVNNI"), Some(Isa::AvxVnni));
+    assert_eq!(Isa::AvxVnni.level(), Level::Avx2);
+    assert!(hearth_quant::kernel_isa().supported());
 }

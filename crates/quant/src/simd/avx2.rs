@@ -10,12 +10,11 @@
 
 use std::arch::x86_64::*;
 
-use super::{OutGrid, Rows};
+use super::Rows;
 use crate::block::{cast_blocks, Block};
 use crate::iq4::{BlockIQ4NL, BlockIQ4XS, KVALUES_IQ4NL};
 use crate::k_quants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use crate::legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
-use crate::GgmlType;
 
 pub(super) fn blocks<B: Block>(src: &[u8]) -> &[B] {
     cast_blocks(src).expect("row lengths checked by the dispatcher")
@@ -336,11 +335,7 @@ pub(super) fn k4_scales_mins64(q: &[u8; 12]) -> (u64, u64) {
 
 /// Q4_K: per 64 elements, low nibbles × scale 2j and high nibbles × scale 2j+1; mins through bsums.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_k<const N: usize>(
-    x: &[BlockQ4K],
-    a: &[&[BlockQ8K]; N],
-    out: &mut [f32; N],
-) {
+unsafe fn q4_k_t<const N: usize>(x: &[BlockQ4K], a: &[&[BlockQ8K]; N], out: &mut [f32; N]) {
     let nb = x.len();
     for r in a {
         assert_eq!(r.len(), nb);
@@ -389,11 +384,7 @@ pub(super) unsafe fn q4_k<const N: usize>(
 
 /// Q5_K: Q4_K with the fifth bit of sub-block s at bit s of `qh`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q5_k<const N: usize>(
-    x: &[BlockQ5K],
-    a: &[&[BlockQ8K]; N],
-    out: &mut [f32; N],
-) {
+unsafe fn q5_k_t<const N: usize>(x: &[BlockQ5K], a: &[&[BlockQ8K]; N], out: &mut [f32; N]) {
     let nb = x.len();
     for r in a {
         assert_eq!(r.len(), nb);
@@ -457,11 +448,7 @@ pub(super) unsafe fn q5_k<const N: usize>(
 
 /// Q6_K: unsigned 6-bit quants times activations minus `32 * sum(activations)`, per 16 a scale.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q6_k<const N: usize>(
-    x: &[BlockQ6K],
-    a: &[&[BlockQ8K]; N],
-    out: &mut [f32; N],
-) {
+unsafe fn q6_k_t<const N: usize>(x: &[BlockQ6K], a: &[&[BlockQ8K]; N], out: &mut [f32; N]) {
     let nb = x.len();
     for r in a {
         assert_eq!(r.len(), nb);
@@ -510,11 +497,7 @@ pub(super) unsafe fn q6_k<const N: usize>(
 
 /// Q2_K: 2-bit quants, 4-bit scales and mins per 16; mins through bsums.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q2_k<const N: usize>(
-    x: &[BlockQ2K],
-    a: &[&[BlockQ8K]; N],
-    out: &mut [f32; N],
-) {
+unsafe fn q2_k_t<const N: usize>(x: &[BlockQ2K], a: &[&[BlockQ8K]; N], out: &mut [f32; N]) {
     let nb = x.len();
     for r in a {
         assert_eq!(r.len(), nb);
@@ -578,11 +561,7 @@ unsafe fn q3k_scales_simd(s: &[u8; 12]) -> __m128i {
 
 /// Q3_K: 3-bit quants as `(low2 | hbit << 2) - 4`, 6-bit signed scales per 16.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q3_k<const N: usize>(
-    x: &[BlockQ3K],
-    a: &[&[BlockQ8K]; N],
-    out: &mut [f32; N],
-) {
+unsafe fn q3_k_t<const N: usize>(x: &[BlockQ3K], a: &[&[BlockQ8K]; N], out: &mut [f32; N]) {
     let nb = x.len();
     for r in a {
         assert_eq!(r.len(), nb);
@@ -628,11 +607,7 @@ pub(super) unsafe fn q3_k<const N: usize>(
 
 /// IQ4_XS: table lookup per nibble, 6-bit scales per 32 (biased by 32).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn iq4_xs<const N: usize>(
-    x: &[BlockIQ4XS],
-    a: &[&[BlockQ8K]; N],
-    out: &mut [f32; N],
-) {
+unsafe fn iq4_xs_t<const N: usize>(x: &[BlockIQ4XS], a: &[&[BlockQ8K]; N], out: &mut [f32; N]) {
     let nb = x.len();
     for r in a {
         assert_eq!(r.len(), nb);
@@ -771,222 +746,210 @@ unsafe fn type1<W: Type1, const N: usize>(x: &[W], a: &[&[BlockQ8_1]; N], out: &
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f32s<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f32; N]) {
+unsafe fn f32_t<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f32; N]) {
     float_tile::<F32Row, N>(n, w, a, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16s<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f32; N]) {
+unsafe fn f16_t<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f32; N]) {
     float_tile::<F16Row, N>(n, w, a, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bf16s<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f32; N]) {
+unsafe fn bf16_t<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f32; N]) {
     float_tile::<Bf16Row, N>(n, w, a, out)
 }
 
-/// Calls `$kern::<N>` with the activation rows as `[&[$A]; N]` for N = `$acts.len()` (1..=4).
-macro_rules! by_n {
-    ($kern:path, $x:expr, $A:ty, $acts:expr, $out:expr) => {{
-        let (acts, out): (&[&[u8]], &mut [f32]) = ($acts, $out);
-        match acts.len() {
-            1 => $kern(
-                $x,
-                &[blocks::<$A>(acts[0])],
-                (&mut out[..1]).try_into().expect("len"),
-            ),
-            2 => $kern(
-                $x,
-                &[blocks::<$A>(acts[0]), blocks::<$A>(acts[1])],
-                (&mut out[..2]).try_into().expect("len"),
-            ),
-            3 => $kern(
-                $x,
-                &[
-                    blocks::<$A>(acts[0]),
-                    blocks::<$A>(acts[1]),
-                    blocks::<$A>(acts[2]),
-                ],
-                (&mut out[..3]).try_into().expect("len"),
-            ),
-            4 => $kern(
-                $x,
-                &[
-                    blocks::<$A>(acts[0]),
-                    blocks::<$A>(acts[1]),
-                    blocks::<$A>(acts[2]),
-                    blocks::<$A>(acts[3]),
-                ],
-                (&mut out[..4]).try_into().expect("len"),
-            ),
-            m => unreachable!("tile of {m} rows"),
-        }
-    }};
-}
-pub(super) use by_n;
+/// A tile kernel of `N` activation rows.
+type TileFn<W, A, const N: usize> = unsafe fn(&[W], &[&[A]; N], &mut [f32; N]);
 
-/// Float rows as `[&[u8]; N]`.
-macro_rules! by_n_float {
-    ($kern:path, $n:expr, $w:expr, $acts:expr, $out:expr) => {{
-        let (acts, out): (&[&[u8]], &mut [f32]) = ($acts, $out);
-        match acts.len() {
-            1 => $kern($n, $w, &[acts[0]], (&mut out[..1]).try_into().expect("len")),
-            2 => $kern(
-                $n,
-                $w,
-                &[acts[0], acts[1]],
-                (&mut out[..2]).try_into().expect("len"),
-            ),
-            3 => $kern(
-                $n,
-                $w,
-                &[acts[0], acts[1], acts[2]],
-                (&mut out[..3]).try_into().expect("len"),
-            ),
-            4 => $kern(
-                $n,
-                $w,
-                &[acts[0], acts[1], acts[2], acts[3]],
-                (&mut out[..4]).try_into().expect("len"),
-            ),
-            m => unreachable!("tile of {m} rows"),
-        }
-    }};
-}
-pub(super) use by_n_float;
+/// The tile kernels of one type for 1..=4 activation rows.
+type Tiles<W, A> = (
+    TileFn<W, A, 1>,
+    TileFn<W, A, 2>,
+    TileFn<W, A, 3>,
+    TileFn<W, A, 4>,
+);
 
-/// One pass of a matrix product: every weight row of `w` against the `N` activation rows, written
-/// to `g`. Calls the kernel directly for each weight row (no per-row dispatch).
+/// Tile kernels for 1..=4 activation rows as a matrix kernel: every weight row of `w`, the tokens
+/// in tiles of at most 4; element (row `i`, token `j`) to `out[j * ts + i * rs]`.
 #[inline(always)]
-pub(super) unsafe fn rows_loop<W: Block, A: Block, const N: usize>(
-    kern: unsafe fn(&[W], &[&[A]; N], &mut [f32; N]),
-    w: &Rows,
-    wlen: usize,
-    acts: &[&[u8]],
-    g: &mut OutGrid,
-) {
-    let a: [&[A]; N] = std::array::from_fn(|k| blocks::<A>(acts[k]));
-    for i in 0..w.count {
-        let mut o = [0.0f32; N];
-        kern(blocks::<W>(w.row(i, wlen)), &a, &mut o);
-        g.put(i, &o);
-    }
-}
-
-/// A float tile kernel: `(n, weight row, activation rows, out)`.
-pub(super) type FloatKernel<const N: usize> = unsafe fn(usize, &[u8], &[&[u8]; N], &mut [f32; N]);
-
-/// [`rows_loop`] for the float formats.
-#[inline(always)]
-pub(super) unsafe fn rows_loop_float<const N: usize>(
-    kern: FloatKernel<N>,
+#[allow(clippy::too_many_arguments)]
+unsafe fn tiles<W: Block, A: Block>(
     n: usize,
     w: &Rows,
-    wlen: usize,
-    acts: &[&[u8]],
-    g: &mut OutGrid,
-) {
-    let a: [&[u8]; N] = std::array::from_fn(|k| acts[k]);
-    for i in 0..w.count {
-        let mut o = [0.0f32; N];
-        kern(n, w.row(i, wlen), &a, &mut o);
-        g.put(i, &o);
-    }
-}
-
-/// `rows_loop::<W, A, N>(kern, ...)` for N = `$acts.len()` (1..=4).
-macro_rules! rows_n {
-    ($kern:expr, $W:ty, $A:ty, $w:expr, $wlen:expr, $acts:expr, $g:expr) => {
-        match $acts.len() {
-            1 => rows_loop::<$W, $A, 1>($kern, $w, $wlen, $acts, $g),
-            2 => rows_loop::<$W, $A, 2>($kern, $w, $wlen, $acts, $g),
-            3 => rows_loop::<$W, $A, 3>($kern, $w, $wlen, $acts, $g),
-            4 => rows_loop::<$W, $A, 4>($kern, $w, $wlen, $acts, $g),
-            m => unreachable!("tile of {m} rows"),
-        }
-    };
-}
-pub(super) use rows_n;
-
-/// `rows_loop_float::<N>(kern, ...)` for N = `$acts.len()` (1..=4).
-macro_rules! rows_n_float {
-    ($kern:expr, $n:expr, $w:expr, $wlen:expr, $acts:expr, $g:expr) => {
-        match $acts.len() {
-            1 => rows_loop_float::<1>($kern, $n, $w, $wlen, $acts, $g),
-            2 => rows_loop_float::<2>($kern, $n, $w, $wlen, $acts, $g),
-            3 => rows_loop_float::<3>($kern, $n, $w, $wlen, $acts, $g),
-            4 => rows_loop_float::<4>($kern, $n, $w, $wlen, $acts, $g),
-            m => unreachable!("tile of {m} rows"),
-        }
-    };
-}
-pub(super) use rows_n_float;
-
-/// Runs one matrix pass (every row of `w` against `acts`) with the AVX2 kernels; false if `ty`
-/// has none.
-///
-/// # Safety
-/// As [`tile`], for every row of `w` (each `wlen` bytes).
-pub(super) unsafe fn matrix(
-    ty: GgmlType,
-    n: usize,
-    w: &Rows,
-    wlen: usize,
-    acts: &[&[u8]],
-    g: &mut OutGrid,
-) -> bool {
-    use GgmlType::*;
-    match ty {
-        Q4_0 => rows_n!(type0, BlockQ4_0, BlockQ8_0, w, wlen, acts, g),
-        Q5_0 => rows_n!(type0, BlockQ5_0, BlockQ8_0, w, wlen, acts, g),
-        Q8_0 => rows_n!(type0, BlockQ8_0, BlockQ8_0, w, wlen, acts, g),
-        IQ4_NL => rows_n!(type0, BlockIQ4NL, BlockQ8_0, w, wlen, acts, g),
-        Q4_1 => rows_n!(type1, BlockQ4_1, BlockQ8_1, w, wlen, acts, g),
-        Q5_1 => rows_n!(type1, BlockQ5_1, BlockQ8_1, w, wlen, acts, g),
-        Q2_K => rows_n!(q2_k, BlockQ2K, BlockQ8K, w, wlen, acts, g),
-        Q3_K => rows_n!(q3_k, BlockQ3K, BlockQ8K, w, wlen, acts, g),
-        Q4_K => rows_n!(q4_k, BlockQ4K, BlockQ8K, w, wlen, acts, g),
-        Q5_K => rows_n!(q5_k, BlockQ5K, BlockQ8K, w, wlen, acts, g),
-        Q6_K => rows_n!(q6_k, BlockQ6K, BlockQ8K, w, wlen, acts, g),
-        IQ4_XS => rows_n!(iq4_xs, BlockIQ4XS, BlockQ8K, w, wlen, acts, g),
-        F32 => rows_n_float!(f32s, n, w, wlen, acts, g),
-        F16 => rows_n_float!(f16s, n, w, wlen, acts, g),
-        BF16 => rows_n_float!(bf16s, n, w, wlen, acts, g),
-        _ => return false,
-    }
-    true
-}
-
-/// Runs the AVX2 tile for `ty`; returns false if there is none.
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C; `w` and every row of `acts` must be exactly one row of `n`
-/// elements of `ty` / `vec_dot_type(ty)`, `1 <= acts.len() == out.len() <= MAX_TILE`.
-pub(super) unsafe fn tile(
-    ty: GgmlType,
-    n: usize,
-    w: &[u8],
     acts: &[&[u8]],
     out: &mut [f32],
-) -> bool {
-    use GgmlType::*;
-    match ty {
-        Q4_0 => by_n!(type0, blocks::<BlockQ4_0>(w), BlockQ8_0, acts, out),
-        Q5_0 => by_n!(type0, blocks::<BlockQ5_0>(w), BlockQ8_0, acts, out),
-        Q8_0 => by_n!(type0, blocks::<BlockQ8_0>(w), BlockQ8_0, acts, out),
-        IQ4_NL => by_n!(type0, blocks::<BlockIQ4NL>(w), BlockQ8_0, acts, out),
-        Q4_1 => by_n!(type1, blocks::<BlockQ4_1>(w), BlockQ8_1, acts, out),
-        Q5_1 => by_n!(type1, blocks::<BlockQ5_1>(w), BlockQ8_1, acts, out),
-        Q2_K => by_n!(q2_k, blocks(w), BlockQ8K, acts, out),
-        Q3_K => by_n!(q3_k, blocks(w), BlockQ8K, acts, out),
-        Q4_K => by_n!(q4_k, blocks(w), BlockQ8K, acts, out),
-        Q5_K => by_n!(q5_k, blocks(w), BlockQ8K, acts, out),
-        Q6_K => by_n!(q6_k, blocks(w), BlockQ8K, acts, out),
-        IQ4_XS => by_n!(iq4_xs, blocks(w), BlockQ8K, acts, out),
-        F32 => by_n_float!(f32s, n, w, acts, out),
-        F16 => by_n_float!(f16s, n, w, acts, out),
-        BF16 => by_n_float!(bf16s, n, w, acts, out),
-        _ => return false,
+    ts: usize,
+    rs: usize,
+    k: Tiles<W, A>,
+) {
+    let wlen = n / W::BLOCK_SIZE * std::mem::size_of::<W>();
+    for i in 0..w.count {
+        let x: &[W] = blocks(w.row(i, wlen));
+        for (c, a) in acts.chunks(4).enumerate() {
+            let mut o = [0f32; 4];
+            match a.len() {
+                1 => (k.0)(x, &[blocks(a[0])], (&mut o[..1]).try_into().expect("1")),
+                2 => (k.1)(
+                    x,
+                    &[blocks(a[0]), blocks(a[1])],
+                    (&mut o[..2]).try_into().expect("2"),
+                ),
+                3 => (k.2)(
+                    x,
+                    &[blocks(a[0]), blocks(a[1]), blocks(a[2])],
+                    (&mut o[..3]).try_into().expect("3"),
+                ),
+                _ => (k.3)(
+                    x,
+                    &[blocks(a[0]), blocks(a[1]), blocks(a[2]), blocks(a[3])],
+                    (&mut o[..4]).try_into().expect("4"),
+                ),
+            }
+            for (t, v) in o[..a.len()].iter().enumerate() {
+                out[(4 * c + t) * ts + i * rs] = *v;
+            }
+        }
     }
-    true
 }
+
+/// A float tile kernel of `N` activation rows.
+type FloatFn<const N: usize> = unsafe fn(usize, &[u8], &[&[u8]; N], &mut [f32; N]);
+
+/// [`tiles`] for the float formats (`size` bytes per element).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn float_tiles(
+    n: usize,
+    size: usize,
+    w: &Rows,
+    acts: &[&[u8]],
+    out: &mut [f32],
+    ts: usize,
+    rs: usize,
+    k: (FloatFn<1>, FloatFn<2>, FloatFn<3>, FloatFn<4>),
+) {
+    for i in 0..w.count {
+        let x = w.row(i, n * size);
+        for (c, a) in acts.chunks(4).enumerate() {
+            let mut o = [0f32; 4];
+            match a.len() {
+                1 => (k.0)(n, x, &[a[0]], (&mut o[..1]).try_into().expect("1")),
+                2 => (k.1)(n, x, &[a[0], a[1]], (&mut o[..2]).try_into().expect("2")),
+                3 => (k.2)(
+                    n,
+                    x,
+                    &[a[0], a[1], a[2]],
+                    (&mut o[..3]).try_into().expect("3"),
+                ),
+                _ => (k.3)(
+                    n,
+                    x,
+                    &[a[0], a[1], a[2], a[3]],
+                    (&mut o[..4]).try_into().expect("4"),
+                ),
+            }
+            for (t, v) in o[..a.len()].iter().enumerate() {
+                out[(4 * c + t) * ts + i * rs] = *v;
+            }
+        }
+    }
+}
+
+/// Matrix kernels (see `crate::traits::MatrixFn`) from the tile kernels.
+macro_rules! matrix_entry {
+    ($name:ident, $W:ty, $A:ty, $k:ident) => {
+        /// The AVX2 matrix kernel of one weight type (see `crate::traits::MatrixFn`).
+        ///
+        /// # Safety
+        /// As `crate::traits::MatrixFn`, with AVX2, FMA and F16C.
+        pub(crate) unsafe fn $name(
+            n: usize,
+            w: &Rows,
+            acts: &[&[u8]],
+            out: &mut [f32],
+            ts: usize,
+            rs: usize,
+        ) {
+            tiles::<$W, $A>(
+                n,
+                w,
+                acts,
+                out,
+                ts,
+                rs,
+                ($k::<1>, $k::<2>, $k::<3>, $k::<4>),
+            )
+        }
+    };
+    ($name:ident, $W:ty, $A:ty, $k:ident, $gen:ty) => {
+        /// The AVX2 matrix kernel of one weight type (see `crate::traits::MatrixFn`).
+        ///
+        /// # Safety
+        /// As `crate::traits::MatrixFn`, with AVX2, FMA and F16C.
+        pub(crate) unsafe fn $name(
+            n: usize,
+            w: &Rows,
+            acts: &[&[u8]],
+            out: &mut [f32],
+            ts: usize,
+            rs: usize,
+        ) {
+            tiles::<$W, $A>(
+                n,
+                w,
+                acts,
+                out,
+                ts,
+                rs,
+                ($k::<$gen, 1>, $k::<$gen, 2>, $k::<$gen, 3>, $k::<$gen, 4>),
+            )
+        }
+    };
+}
+
+matrix_entry!(q4_0, BlockQ4_0, BlockQ8_0, type0, BlockQ4_0);
+matrix_entry!(q5_0, BlockQ5_0, BlockQ8_0, type0, BlockQ5_0);
+matrix_entry!(q8_0, BlockQ8_0, BlockQ8_0, type0, BlockQ8_0);
+matrix_entry!(iq4_nl, BlockIQ4NL, BlockQ8_0, type0, BlockIQ4NL);
+matrix_entry!(q4_1, BlockQ4_1, BlockQ8_1, type1, BlockQ4_1);
+matrix_entry!(q5_1, BlockQ5_1, BlockQ8_1, type1, BlockQ5_1);
+matrix_entry!(q2_k, BlockQ2K, BlockQ8K, q2_k_t);
+matrix_entry!(q3_k, BlockQ3K, BlockQ8K, q3_k_t);
+matrix_entry!(q4_k, BlockQ4K, BlockQ8K, q4_k_t);
+matrix_entry!(q5_k, BlockQ5K, BlockQ8K, q5_k_t);
+matrix_entry!(q6_k, BlockQ6K, BlockQ8K, q6_k_t);
+matrix_entry!(iq4_xs, BlockIQ4XS, BlockQ8K, iq4_xs_t);
+
+macro_rules! float_entry {
+    ($name:ident, $k:ident, $size:expr) => {
+        /// The AVX2 matrix kernel of one float type (see `crate::traits::MatrixFn`).
+        ///
+        /// # Safety
+        /// As `crate::traits::MatrixFn`, with AVX2, FMA and F16C.
+        pub(crate) unsafe fn $name(
+            n: usize,
+            w: &Rows,
+            acts: &[&[u8]],
+            out: &mut [f32],
+            ts: usize,
+            rs: usize,
+        ) {
+            float_tiles(
+                n,
+                $size,
+                w,
+                acts,
+                out,
+                ts,
+                rs,
+                ($k::<1>, $k::<2>, $k::<3>, $k::<4>),
+            )
+        }
+    };
+}
+
+float_entry!(f32s, f32_t, 4);
+float_entry!(f16s, f16_t, 2);
+float_entry!(bf16s, bf16_t, 2);
