@@ -14,7 +14,9 @@ use crate::block::{cast_blocks, cast_blocks_mut, Block};
 use crate::{dot, float, iq4, iq4_quantize, k_quantize, k_quants as k, legacy as l, GgmlType};
 
 #[cfg(target_arch = "x86_64")]
-use crate::simd::{avx2, avx512, lanes, quantize as q};
+use crate::simd::ymm::{floats as yf, kquants as yk, legacy as yl};
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{avx512, lanes, quantize as q};
 
 /// A matrix kernel: every row of `w` (rows of `n` elements of the weight type) against every row
 /// of `acts` (1..=[`crate::simd::PASS`] rows of the activation type): element (row `i`, token `j`)
@@ -114,7 +116,7 @@ const TABLE: [TypeTraits; 17] = [
             act: F32,
             scalar: float::vec_dot_f32,
             #[cfg(target_arch = "x86_64")]
-            simd: [both(avx2::f32s), both(avx2::f32s), both(avx512::f32s)],
+            simd: [both(yf::f32s), both(yf::f32s), both(yf::f32s)],
         }),
     },
     TypeTraits {
@@ -126,10 +128,8 @@ const TABLE: [TypeTraits; 17] = [
         dot: Some(Dot {
             act: F16,
             scalar: float::vec_dot_f16,
-            // F16 stays on AVX2 at the AVX-512 level: the 512-bit `vcvtph2ps` version measured
-            // slower (benches/dot_min.rs: 34 vs 49 GB/s).
             #[cfg(target_arch = "x86_64")]
-            simd: [both(avx2::f16s), both(avx2::f16s), both(avx2::f16s)],
+            simd: [both(yf::f16s), both(yf::f16s), both(yf::f16s)],
         }),
     },
     TypeTraits {
@@ -142,7 +142,7 @@ const TABLE: [TypeTraits; 17] = [
             act: BF16,
             scalar: float::vec_dot_bf16,
             #[cfg(target_arch = "x86_64")]
-            simd: [both(avx2::bf16s), both(avx2::bf16s), both(avx512::bf16s)],
+            simd: [both(yf::bf16s), both(yf::bf16s), both(yf::bf16s)],
         }),
     },
     TypeTraits {
@@ -155,7 +155,7 @@ const TABLE: [TypeTraits; 17] = [
             act: Q8_0,
             scalar: |n, w, a| dot::vec_dot_q4_0_q8_0(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
-            simd: [both(avx2::q4_0), both(avx2::q4_0), both(lanes::q4_0)],
+            simd: [both(yl::q4_0), both(yl::q4_0_vnni), both(lanes::q4_0)],
         }),
     },
     TypeTraits {
@@ -168,7 +168,7 @@ const TABLE: [TypeTraits; 17] = [
             act: Q8_1,
             scalar: |n, w, a| dot::vec_dot_q4_1_q8_1(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
-            simd: [both(avx2::q4_1), both(avx2::q4_1), both(lanes::q4_1)],
+            simd: [both(yl::q4_1), both(yl::q4_1_vnni), both(lanes::q4_1)],
         }),
     },
     TypeTraits {
@@ -181,7 +181,7 @@ const TABLE: [TypeTraits; 17] = [
             act: Q8_0,
             scalar: |n, w, a| dot::vec_dot_q5_0_q8_0(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
-            simd: [both(avx2::q5_0), both(avx2::q5_0), both(lanes::q5_0)],
+            simd: [both(yl::q5_0), both(yl::q5_0_vnni), both(lanes::q5_0)],
         }),
     },
     TypeTraits {
@@ -194,7 +194,7 @@ const TABLE: [TypeTraits; 17] = [
             act: Q8_1,
             scalar: |n, w, a| dot::vec_dot_q5_1_q8_1(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
-            simd: [both(avx2::q5_1), both(avx2::q5_1), both(lanes::q5_1)],
+            simd: [both(yl::q5_1), both(yl::q5_1_vnni), both(lanes::q5_1)],
         }),
     },
     TypeTraits {
@@ -207,7 +207,7 @@ const TABLE: [TypeTraits; 17] = [
             act: Q8_0,
             scalar: |n, w, a| dot::vec_dot_q8_0_q8_0(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
-            simd: [both(avx2::q8_0), both(avx2::q8_0), both(lanes::q8_0)],
+            simd: [both(yl::q8_0), both(yl::q8_0_vnni), both(lanes::q8_0)],
         }),
     },
     TypeTraits {
@@ -228,7 +228,7 @@ const TABLE: [TypeTraits; 17] = [
             act: Q8_K,
             scalar: |n, w, a| dot::vec_dot_q2_k_q8_k(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
-            simd: [both(avx2::q2_k), both(avx2::q2_k), both(avx2::q2_k)],
+            simd: [both(yk::q2_k), both(yk::q2_k_vnni), both(yk::q2_k_avx512)],
         }),
     },
     TypeTraits {
@@ -241,7 +241,7 @@ const TABLE: [TypeTraits; 17] = [
             act: Q8_K,
             scalar: |n, w, a| dot::vec_dot_q3_k_q8_k(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
-            simd: [both(avx2::q3_k), both(avx2::q3_k), both(avx2::q3_k)],
+            simd: [both(yk::q3_k), both(yk::q3_k_vnni), both(yk::q3_k_avx512)],
         }),
     },
     TypeTraits {
@@ -255,8 +255,8 @@ const TABLE: [TypeTraits; 17] = [
             scalar: |n, w, a| dot::vec_dot_q4_k_q8_k(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
             simd: [
-                both(avx2::q4_k),
-                both(avx2::q4_k),
+                both(yk::q4_k),
+                both(yk::q4_k_vnni),
                 Kernel {
                     one: avx512::q4_k_rows,
                     many: lanes::q4_k,
@@ -275,8 +275,8 @@ const TABLE: [TypeTraits; 17] = [
             scalar: |n, w, a| dot::vec_dot_q5_k_q8_k(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
             simd: [
-                both(avx2::q5_k),
-                both(avx2::q5_k),
+                both(yk::q5_k),
+                both(yk::q5_k_vnni),
                 Kernel {
                     one: avx512::q5_k_rows,
                     many: lanes::q5_k,
@@ -295,8 +295,8 @@ const TABLE: [TypeTraits; 17] = [
             scalar: |n, w, a| dot::vec_dot_q6_k_q8_k(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
             simd: [
-                both(avx2::q6_k),
-                both(avx2::q6_k),
+                both(yk::q6_k),
+                both(yk::q6_k_vnni),
                 Kernel {
                     one: avx512::q6_k_rows,
                     many: lanes::q6_k,
@@ -322,7 +322,7 @@ const TABLE: [TypeTraits; 17] = [
             act: Q8_0,
             scalar: |n, w, a| dot::vec_dot_iq4_nl_q8_0(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
-            simd: [both(avx2::iq4_nl), both(avx2::iq4_nl), both(lanes::iq4_nl)],
+            simd: [both(yl::iq4_nl), both(yl::iq4_nl_vnni), both(lanes::iq4_nl)],
         }),
     },
     TypeTraits {
@@ -335,7 +335,11 @@ const TABLE: [TypeTraits; 17] = [
             act: Q8_K,
             scalar: |n, w, a| dot::vec_dot_iq4_xs_q8_k(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
-            simd: [both(avx2::iq4_xs), both(avx2::iq4_xs), both(avx2::iq4_xs)],
+            simd: [
+                both(yk::iq4_xs),
+                both(yk::iq4_xs_vnni),
+                both(yk::iq4_xs_avx512),
+            ],
         }),
     },
 ];

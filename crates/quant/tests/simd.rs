@@ -5,7 +5,10 @@
 //!   the order of the f32 accumulation differs);
 //! - tiles: `vec_dot_tile_at` / `vec_dot_rows_at` bit-identical to `vec_dot_at` at the same level,
 //!   for 1..=8 and odd activation counts (batch invariance), and `vec_dot_matrix_at` for ragged
-//!   weight-row and token counts around the register-blocked kernel's 16 rows and 32 tokens;
+//!   weight-row and token counts around the register-blocked kernels' 8 and 16 rows, groups of 4
+//!   tokens and passes of 64;
+//! - instruction sets: AVX2, AVX-VNNI and AVX-512 give the same bits for every element (one f32
+//!   chain per type), for one token and for many, over several chunks and a ragged one;
 //! - quantizers: the SIMD Q8_0 / Q8_1 / Q8_K / F16 quantizers bit-identical to the reference,
 //!   including exact rounding ties, zeros, extremes and blocks with NaN or infinities.
 
@@ -399,4 +402,59 @@ fn kernel_level_names_round_trip() {
     assert_eq!(Isa::from_name("AVXVNNI"), Some(Isa::AvxVnni));
     assert_eq!(Isa::AvxVnni.level(), Level::Avx2);
     assert!(hearth_quant::kernel_isa().supported());
+}
+
+#[test]
+fn every_simd_instruction_set_gives_the_same_bits() {
+    // One f32 chain per type, whatever the kernel: AVX2 (maddubs), AVX-VNNI and AVX-512 agree bit
+    // for bit on every element, for one token (decode kernels) and for many.
+    let isas = simd_levels();
+    let mut rng = Rng(0xB175);
+    for ty in dot_types() {
+        let aty = vec_dot_type(ty);
+        // Several chunks of the register-blocked kernels and a ragged last one.
+        let n = match ty.block_size() {
+            1 => 301,
+            32 => 32 * 37,
+            _ => 256 * 3,
+        };
+        let wrow = ty.row_bytes(n as u64).unwrap() as usize;
+        let arow = aty.row_bytes(n as u64).unwrap() as usize;
+        for (n_w, n_acts) in [(19, 1), (24, 5), (9, 70)] {
+            let mut w = vec![0u8; wrow * n_w];
+            for i in 0..n_w {
+                w[i * wrow..(i + 1) * wrow].copy_from_slice(&weight_row(&mut rng, ty, n, i));
+            }
+            let mut acts = vec![0u8; arow * n_acts];
+            for j in 0..n_acts {
+                acts[j * arow..(j + 1) * arow]
+                    .copy_from_slice(&quantize(aty, &act_floats(&mut rng, n, j)));
+            }
+            let mut first: Option<(Isa, Vec<f32>)> = None;
+            for &isa in &isas {
+                let mut out = vec![f32::NAN; n_w * n_acts];
+                vec_dot_matrix_at(
+                    isa,
+                    ty,
+                    n,
+                    Rows::packed(&w, wrow),
+                    Rows::packed(&acts, arow),
+                    &mut out,
+                    n_w,
+                );
+                match &first {
+                    None => first = Some((isa, out)),
+                    Some((i0, o0)) => {
+                        for (e, (x, y)) in out.iter().zip(o0).enumerate() {
+                            assert_eq!(
+                                x.to_bits(),
+                                y.to_bits(),
+                                "{ty} {n_w}x{n_acts} element {e}: {isa} {x} vs {i0} {y}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

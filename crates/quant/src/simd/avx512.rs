@@ -1,21 +1,12 @@
-//! AVX-512 kernels (F, BW, VL, VNNI) outside the register-blocked ones of `lanes.rs`:
-//!
-//! - one token through Q4_K, Q5_K, Q6_K, a row at a time (decode; see below);
-//! - F32, BF16: 16 lanes per load, four FMA chains.
+//! AVX-512 kernels (F, BW, VL, VNNI) outside the register-blocked ones of `lanes.rs`: one token
+//! through Q4_K, Q5_K, Q6_K, a row at a time (decode; see below).
 
 use std::arch::x86_64::*;
 
-use super::avx2::{blocks, f16c, hsum_ps, k4_scales_mins, k4_scales_mins64, FloatRow};
+use super::avx2::{blocks, f16c, k4_scales_mins, k4_scales_mins64};
 use super::Rows;
 use crate::k_quants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use std::mem::{size_of, size_of_val};
-
-#[inline(always)]
-unsafe fn hsum512(v: __m512) -> f32 {
-    let lo = _mm512_castps512_ps256(v);
-    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-    hsum_ps(_mm256_add_ps(lo, hi))
-}
 
 #[inline(always)]
 unsafe fn load512(p: &[u8]) -> __m512i {
@@ -120,108 +111,6 @@ unsafe fn k45_quants<W: K45>(
         scales16,
     );
     (q, s)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Float rows: 64 elements per step in four 16-lane FMA chains, the tail in scalar f32.
-
-trait FloatRow512: FloatRow {
-    unsafe fn load16(p: *const u8) -> __m512;
-}
-
-impl FloatRow512 for super::avx2::F32Row {
-    #[inline(always)]
-    unsafe fn load16(p: *const u8) -> __m512 {
-        _mm512_loadu_ps(p.cast())
-    }
-}
-
-impl FloatRow512 for super::avx2::Bf16Row {
-    #[inline(always)]
-    unsafe fn load16(p: *const u8) -> __m512 {
-        let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
-        _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
-    }
-}
-
-#[inline(always)]
-unsafe fn float_tile<R: FloatRow512, const N: usize>(
-    n: usize,
-    w: &[u8],
-    a: &[&[u8]; N],
-    out: &mut [f32; N],
-) {
-    assert_eq!(w.len(), n * R::SIZE);
-    for r in a {
-        assert_eq!(r.len(), n * R::SIZE);
-    }
-    let mut acc = [[_mm512_setzero_ps(); 4]; N];
-    let steps = n / 64;
-    for s in 0..steps {
-        for c in 0..4 {
-            let off = (64 * s + 16 * c) * R::SIZE;
-            // Reads end at (64 * steps) * SIZE <= w.len() (asserted above).
-            let x = R::load16(w.as_ptr().add(off));
-            for j in 0..N {
-                let y = R::load16(a[j].as_ptr().add(off));
-                acc[j][c] = _mm512_fmadd_ps(x, y, acc[j][c]);
-            }
-        }
-    }
-    for j in 0..N {
-        let v = _mm512_add_ps(
-            _mm512_add_ps(acc[j][0], acc[j][1]),
-            _mm512_add_ps(acc[j][2], acc[j][3]),
-        );
-        let mut s = hsum512(v);
-        for e in 64 * steps..n {
-            let o = e * R::SIZE;
-            s += R::one(&w[o..o + R::SIZE]) * R::one(&a[j][o..o + R::SIZE]);
-        }
-        out[j] = s;
-    }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn f32_t<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f32; N]) {
-    float_tile::<super::avx2::F32Row, N>(n, w, a, out)
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn bf16_t<const N: usize>(n: usize, w: &[u8], a: &[&[u8]; N], out: &mut [f32; N]) {
-    float_tile::<super::avx2::Bf16Row, N>(n, w, a, out)
-}
-
-/// The F32 matrix kernel (see `crate::traits::MatrixFn`).
-///
-/// # Safety
-/// As `crate::traits::MatrixFn`, with AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C.
-pub(crate) unsafe fn f32s(
-    n: usize,
-    w: &Rows,
-    acts: &[&[u8]],
-    out: &mut [f32],
-    ts: usize,
-    rs: usize,
-) {
-    let k = (f32_t::<1>, f32_t::<2>, f32_t::<3>, f32_t::<4>);
-    super::avx2::float_tiles(n, 4, w, acts, out, ts, rs, (k.0, k.1, k.2, k.3))
-}
-
-/// The BF16 matrix kernel (see `crate::traits::MatrixFn`).
-///
-/// # Safety
-/// As [`f32s`].
-pub(crate) unsafe fn bf16s(
-    n: usize,
-    w: &Rows,
-    acts: &[&[u8]],
-    out: &mut [f32],
-    ts: usize,
-    rs: usize,
-) {
-    let k = (bf16_t::<1>, bf16_t::<2>, bf16_t::<3>, bf16_t::<4>);
-    super::avx2::float_tiles(n, 2, w, acts, out, ts, rs, (k.0, k.1, k.2, k.3))
 }
 
 // ---------------------------------------------------------------------------------------------

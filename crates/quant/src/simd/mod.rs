@@ -34,6 +34,8 @@ pub(crate) mod avx512;
 pub(crate) mod lanes;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod quantize;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod ymm;
 
 /// In-register transpose of 16 × 16 dwords: afterwards lane `l` of `r[k]` is lane `k` of the
 /// input `r[l]` (for callers that lay out f32 or i32 tiles, such as attention's key blocks).
