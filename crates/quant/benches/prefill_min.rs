@@ -3,8 +3,10 @@
 //! weight rows x 64 tokens) and decode (one call over all rows, one token).
 //!
 //! `cargo bench -p hearth-quant --bench prefill_min [-- TYPE...]`; `HEARTH_BENCH_SHAPE=ROWSxCOLS`
-//! (default 1536x576, SmolLM2's FFN up) and `HEARTH_BENCH_TOKENS` (default 64) change the shape.
-//! Prints G multiply-adds per second for prefill and GB/s of weights for decode.
+//! (default 1536x576, SmolLM2's FFN up) and `HEARTH_BENCH_TOKENS` (default 64) change the shape,
+//! `HEARTH_BENCH_REPS=N` runs exactly N repetitions (for callgrind). Prints G multiply-adds per
+//! second for prefill and GB/s of weights for decode (from L2 at the default shape; give a shape
+//! of 100+ MB, such as 16384x8192 for Q4_K, to read from memory).
 
 use hearth_quant::simd::{available_isas, quantize_row_at, vec_dot_matrix_at, Isa, Level, Rows};
 use hearth_quant::{has_vec_dot, vec_dot_type, GgmlType, ALL_TYPES};
@@ -118,9 +120,18 @@ fn main() {
         if cols % ty.block_size() != 0 {
             continue;
         }
-        let x: Vec<f32> = (0..rows * cols).map(|_| rng.normal() * 0.05).collect();
-        let mut w = vec![0u8; ty.row_bytes((rows * cols) as u64).unwrap() as usize];
-        quantize_row_at(Level::Scalar, ty, &x, &mut w).unwrap();
+        // At most 256 distinct rows, repeated: big shapes (past the caches, to measure decode from
+        // memory) without quantizing all of them.
+        let distinct = rows.min(256);
+        let x: Vec<f32> = (0..distinct * cols).map(|_| rng.normal() * 0.05).collect();
+        let mut block = vec![0u8; ty.row_bytes((distinct * cols) as u64).unwrap() as usize];
+        quantize_row_at(Level::Scalar, ty, &x, &mut block).unwrap();
+        let w: Vec<u8> = block
+            .iter()
+            .copied()
+            .cycle()
+            .take(block.len() / distinct * rows)
+            .collect();
         let aty = vec_dot_type(ty);
         let arow = aty.row_bytes(cols as u64).unwrap() as usize;
         let mut a = vec![0u8; arow * tok];

@@ -122,8 +122,12 @@ pub(crate) trait KQuant: Sized {
     const MIN: bool;
     /// The scales (`sc`, `mn`, `d`, `dmin`) of the super-block.
     unsafe fn scales(src: &TChunk, p: &mut KP);
-    /// Quant register `k` (elements `4k..4k + 4` of every row).
-    unsafe fn quant(src: &TChunk, k: usize) -> __m256i;
+    /// The 64 quant registers (`q[k]`: elements `4k..4k + 4` of every row), unpacked in the
+    /// format's own loop order (a loop over `k` that splits `k` does not unroll).
+    unsafe fn quants(src: &TChunk, q: &mut [__m256i; 64]);
+    /// `(tot, ms)` of one token straight from the transposed chunk (the scales already in `p`):
+    /// the integers of [`KQuant::sums`], without storing and reloading the 64 registers.
+    unsafe fn one<D: Dp>(src: &TChunk, p: &KP, a: *const u8) -> [__m256i; 2];
     /// `(tot, ms)` of `T` tokens against the super-block's scales `p` and quants `q`.
     unsafe fn sums<D: Dp, const T: usize>(p: &KP, a: &[*const u8; T]) -> [[__m256i; T]; 2];
 }
@@ -142,9 +146,7 @@ impl<W: KQuant> Fmt for K<W> {
     #[inline(always)]
     unsafe fn pack<D: Dp>(src: &TChunk, _cn: usize, p: &mut KP) {
         W::scales(src, p);
-        for k in 0..64 {
-            p.q[k] = W::quant(src, k);
-        }
+        W::quants(src, &mut p.q);
     }
 
     #[inline(always)]
@@ -172,11 +174,11 @@ impl<W: KQuant> Fmt for K<W> {
         acc: &mut __m256,
         accm: &mut __m256,
     ) {
-        // Through the scratch, as for several tokens: 64 registers do not stay in registers
-        // (the table's one-token kernels for the common K-quants are the row kernels).
-        Self::pack::<D>(src, cn, p);
+        debug_assert_eq!(cn, 1);
+        W::scales(src, p);
+        let [tot, ms] = W::one::<D>(src, p, a);
         let (mut ac, mut am) = ([*acc], [*accm]);
-        Self::step::<D, 1>(p, 0, &[a], &[std::ptr::null()], &mut ac, &mut am);
+        Self::chain::<D, 1>(p, [[tot], [ms]], &[a], &mut ac, &mut am);
         (*acc, *accm) = (ac[0], am[0]);
     }
 
@@ -212,6 +214,27 @@ impl<W: KQuant> K<W> {
             }
         }
     }
+}
+
+/// One token's activation dword at quant register `k`.
+#[inline(always)]
+unsafe fn y1(a: *const u8, k: usize) -> __m256i {
+    bcast(a.add(Q8K_QS + 4 * k))
+}
+
+/// `acc + madd(Σ maddubs(w[i], y[i]), s)`: `N` products added as i16 first.
+#[inline(always)]
+unsafe fn group1<D: Dp, const N: usize>(
+    acc: __m256i,
+    w: &[__m256i; N],
+    y: &[__m256i; N],
+    s: __m256i,
+) -> __m256i {
+    let mut x = _mm256_maddubs_epi16(w[0], y[0]);
+    for i in 1..N {
+        x = _mm256_add_epi16(x, _mm256_maddubs_epi16(w[i], y[i]));
+    }
+    D::madd_acc(acc, x, s)
 }
 
 pub(crate) struct Q2K;
@@ -260,13 +283,13 @@ impl KQuant for Q4K {
     /// `qs` (at 16) dword `t` of 64-element group `c` holds sub-block `2c` (low nibbles) and
     /// `2c + 1` (high nibbles).
     #[inline(always)]
-    unsafe fn quant(src: &TChunk, k: usize) -> __m256i {
-        let (c, hi, t) = (k / 16, k / 8 % 2, k % 8);
-        let g = src.dw(16 + 32 * c + 4 * t);
-        if hi == 0 {
-            nib_lo(g)
-        } else {
-            nib_hi(g)
+    unsafe fn quants(src: &TChunk, q: &mut [__m256i; 64]) {
+        for c in 0..4 {
+            for t in 0..8 {
+                let g = src.dw(16 + 32 * c + 4 * t);
+                q[16 * c + t] = nib_lo(g);
+                q[16 * c + 8 + t] = nib_hi(g);
+            }
         }
     }
 
@@ -276,6 +299,25 @@ impl KQuant for Q4K {
         // 8 products of 4-bit quants: at most 8 * 2 * 15 * 127 < 2^15.
         scaled::<D, T, 8, 8>(p, a, &mut tot);
         [tot, k45_mins::<D, T>(p, a)]
+    }
+
+    #[inline(always)]
+    unsafe fn one<D: Dp>(src: &TChunk, p: &KP, a: *const u8) -> [__m256i; 2] {
+        let mut tot = _mm256_setzero_si256();
+        for c in 0..4 {
+            let mut lo = [_mm256_setzero_si256(); 8];
+            let mut hi = [_mm256_setzero_si256(); 8];
+            let mut yl = [_mm256_setzero_si256(); 8];
+            let mut yh = [_mm256_setzero_si256(); 8];
+            for t in 0..8 {
+                let g = src.dw(16 + 32 * c + 4 * t);
+                (lo[t], hi[t]) = (nib_lo(g), nib_hi(g));
+                (yl[t], yh[t]) = (y1(a, 16 * c + t), y1(a, 16 * c + 8 + t));
+            }
+            tot = group1::<D, 8>(tot, &lo, &yl, p.sc[2 * c]);
+            tot = group1::<D, 8>(tot, &hi, &yh, p.sc[2 * c + 1]);
+        }
+        [tot, k45_mins::<D, 1>(p, &[a])[0]]
     }
 }
 
@@ -322,17 +364,22 @@ impl KQuant for Q5K {
     /// As Q4_K with `qs` at 48 and the fifth bit of sub-block `s` at bit `s` of the `qh` byte (at
     /// 16) of the element's position within its 32.
     #[inline(always)]
-    unsafe fn quant(src: &TChunk, k: usize) -> __m256i {
-        let (c, hi, t) = (k / 16, k / 8 % 2, k % 8);
-        let g = src.dw(48 + 32 * c + 4 * t);
-        let h = src.dw(16 + 4 * t);
-        let sub = 2 * c + hi;
-        let hb = _mm256_and_si256(
-            _mm256_srl_epi32(h, _mm_cvtsi32_si128(sub as i32)),
-            _mm256_set1_epi8(1),
-        );
-        let nib = if hi == 0 { nib_lo(g) } else { nib_hi(g) };
-        _mm256_or_si256(nib, _mm256_slli_epi32(hb, 4))
+    unsafe fn quants(src: &TChunk, q: &mut [__m256i; 64]) {
+        let one = _mm256_set1_epi8(1);
+        for c in 0..4 {
+            for t in 0..8 {
+                let g = src.dw(48 + 32 * c + 4 * t);
+                let h = src.dw(16 + 4 * t);
+                let hl =
+                    _mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(2 * c as i32)), one);
+                let hh = _mm256_and_si256(
+                    _mm256_srl_epi32(h, _mm_cvtsi32_si128(2 * c as i32 + 1)),
+                    one,
+                );
+                q[16 * c + t] = _mm256_or_si256(nib_lo(g), _mm256_slli_epi32(hl, 4));
+                q[16 * c + 8 + t] = _mm256_or_si256(nib_hi(g), _mm256_slli_epi32(hh, 4));
+            }
+        }
     }
 
     #[inline(always)]
@@ -341,6 +388,39 @@ impl KQuant for Q5K {
         // 5-bit quants: 4 products per i16 sum (4 * 2 * 31 * 127 < 2^15).
         scaled::<D, T, 8, 4>(p, a, &mut tot);
         [tot, k45_mins::<D, T>(p, a)]
+    }
+
+    #[inline(always)]
+    unsafe fn one<D: Dp>(src: &TChunk, p: &KP, a: *const u8) -> [__m256i; 2] {
+        let one = _mm256_set1_epi8(1);
+        let mut tot = _mm256_setzero_si256();
+        for c in 0..4 {
+            let mut lo = [_mm256_setzero_si256(); 8];
+            let mut hi = [_mm256_setzero_si256(); 8];
+            let mut yl = [_mm256_setzero_si256(); 8];
+            let mut yh = [_mm256_setzero_si256(); 8];
+            for t in 0..8 {
+                let g = src.dw(48 + 32 * c + 4 * t);
+                let h = src.dw(16 + 4 * t);
+                let hl =
+                    _mm256_and_si256(_mm256_srl_epi32(h, _mm_cvtsi32_si128(2 * c as i32)), one);
+                let hh = _mm256_and_si256(
+                    _mm256_srl_epi32(h, _mm_cvtsi32_si128(2 * c as i32 + 1)),
+                    one,
+                );
+                lo[t] = _mm256_or_si256(nib_lo(g), _mm256_slli_epi32(hl, 4));
+                hi[t] = _mm256_or_si256(nib_hi(g), _mm256_slli_epi32(hh, 4));
+                (yl[t], yh[t]) = (y1(a, 16 * c + t), y1(a, 16 * c + 8 + t));
+            }
+            // 5-bit quants: four products per i16 sum.
+            for (x, y, s) in [(&lo, &yl, 2 * c), (&hi, &yh, 2 * c + 1)] {
+                let (w0, y0) = ([x[0], x[1], x[2], x[3]], [y[0], y[1], y[2], y[3]]);
+                let (w1, y1) = ([x[4], x[5], x[6], x[7]], [y[4], y[5], y[6], y[7]]);
+                tot = group1::<D, 4>(tot, &w0, &y0, p.sc[s]);
+                tot = group1::<D, 4>(tot, &w1, &y1, p.sc[s]);
+            }
+        }
+        [tot, k45_mins::<D, 1>(p, &[a])[0]]
     }
 }
 
@@ -366,20 +446,26 @@ impl KQuant for Q6K {
     /// `16h + 8(g % 2) + t`, bits `2g..2g + 2` of `qh` dword `8h + t` on top. The 32 comes back
     /// out through the activation's 16-element sums.
     #[inline(always)]
-    unsafe fn quant(src: &TChunk, k: usize) -> __m256i {
-        let (h, g, t) = (k / 32, k / 8 % 4, k % 8);
-        let (half, nib) = (g % 2, g / 2);
-        let qh = src.dw(128 + 32 * h + 4 * t);
-        let ql = src.dw(64 * h + 32 * half + 4 * t);
-        let lo = _mm256_and_si256(
-            _mm256_srl_epi32(ql, _mm_cvtsi32_si128(4 * nib as i32)),
-            _mm256_set1_epi8(0x0f),
-        );
-        let hb = _mm256_and_si256(
-            _mm256_srl_epi32(qh, _mm_cvtsi32_si128(2 * g as i32)),
-            _mm256_set1_epi8(0x03),
-        );
-        _mm256_or_si256(lo, _mm256_slli_epi32(hb, 4))
+    unsafe fn quants(src: &TChunk, q: &mut [__m256i; 64]) {
+        let m4 = _mm256_set1_epi8(0x0f);
+        let m2 = _mm256_set1_epi8(0x03);
+        for h in 0..2 {
+            for t in 0..8 {
+                let qh = src.dw(128 + 32 * h + 4 * t);
+                for half in 0..2 {
+                    let ql = src.dw(64 * h + 32 * half + 4 * t);
+                    let lo = [_mm256_and_si256(ql, m4), nib_hi(ql)];
+                    for (nib, lo) in lo.into_iter().enumerate() {
+                        let g = 2 * nib + half;
+                        let hb = _mm256_and_si256(
+                            _mm256_srl_epi32(qh, _mm_cvtsi32_si128(2 * g as i32)),
+                            m2,
+                        );
+                        q[32 * h + 8 * g + t] = _mm256_or_si256(lo, _mm256_slli_epi32(hb, 4));
+                    }
+                }
+            }
+        }
     }
 
     #[inline(always)]
@@ -392,6 +478,37 @@ impl KQuant for Q6K {
             tot[t] = _mm256_sub_epi32(tot[t], _mm256_slli_epi32(ms[t], 5));
         }
         [tot, [_mm256_setzero_si256(); T]]
+    }
+
+    #[inline(always)]
+    unsafe fn one<D: Dp>(src: &TChunk, p: &KP, a: *const u8) -> [__m256i; 2] {
+        let m4 = _mm256_set1_epi8(0x0f);
+        let m2 = _mm256_set1_epi8(0x03);
+        let mut tot = _mm256_setzero_si256();
+        for h in 0..2 {
+            for t in 0..8 {
+                let qh = src.dw(128 + 32 * h + 4 * t);
+                let ql = [src.dw(64 * h + 4 * t), src.dw(64 * h + 32 + 4 * t)];
+                for g in 0..4 {
+                    let lo = if g < 2 {
+                        _mm256_and_si256(ql[g], m4)
+                    } else {
+                        nib_hi(ql[g - 2])
+                    };
+                    let hb =
+                        _mm256_and_si256(_mm256_srl_epi32(qh, _mm_cvtsi32_si128(2 * g as i32)), m2);
+                    let q = _mm256_or_si256(lo, _mm256_slli_epi32(hb, 4));
+                    // Register 32h + 8g + t, in scale group 8h + 2g + t / 4.
+                    let m = _mm256_maddubs_epi16(q, y1(a, 32 * h + 8 * g + t));
+                    tot = D::madd_acc(tot, m, p.sc[8 * h + 2 * g + t / 4]);
+                }
+            }
+        }
+        let ms = pair_sums::<D, 1, 8>(&p.mn, &[a], Q8K_BSUMS)[0];
+        [
+            _mm256_sub_epi32(tot, _mm256_slli_epi32(ms, 5)),
+            _mm256_setzero_si256(),
+        ]
     }
 }
 
@@ -419,13 +536,17 @@ impl KQuant for Q2K {
     /// `qs[64]` at 16: element `128n + 32j + 4t + i` is bits `2j..2j + 2` of byte `4t + i` of the
     /// 32 quant bytes of half `n`; register `32n + 8j + t`.
     #[inline(always)]
-    unsafe fn quant(src: &TChunk, k: usize) -> __m256i {
-        let (n, j, t) = (k / 32, k / 8 % 4, k % 8);
-        let b = src.dw(16 + 32 * n + 4 * t);
-        _mm256_and_si256(
-            _mm256_srl_epi32(b, _mm_cvtsi32_si128(2 * j as i32)),
-            _mm256_set1_epi8(3),
-        )
+    unsafe fn quants(src: &TChunk, q: &mut [__m256i; 64]) {
+        let m3 = _mm256_set1_epi8(3);
+        for n in 0..2 {
+            for t in 0..8 {
+                let b = src.dw(16 + 32 * n + 4 * t);
+                q[32 * n + t] = _mm256_and_si256(b, m3);
+                q[32 * n + 8 + t] = _mm256_and_si256(_mm256_srli_epi32(b, 2), m3);
+                q[32 * n + 16 + t] = _mm256_and_si256(_mm256_srli_epi32(b, 4), m3);
+                q[32 * n + 24 + t] = _mm256_and_si256(_mm256_srli_epi32(b, 6), m3);
+            }
+        }
     }
 
     #[inline(always)]
@@ -434,6 +555,30 @@ impl KQuant for Q2K {
         scaled::<D, T, 4, 4>(p, a, &mut tot);
         [tot, pair_sums::<D, T, 8>(&p.mn, a, Q8K_BSUMS)]
     }
+
+    #[inline(always)]
+    unsafe fn one<D: Dp>(src: &TChunk, p: &KP, a: *const u8) -> [__m256i; 2] {
+        let mut q = [_mm256_setzero_si256(); 64];
+        Self::quants(src, &mut q);
+        [
+            one_groups4::<D>(&q, p, a),
+            pair_sums::<D, 1, 8>(&p.mn, &[a], Q8K_BSUMS)[0],
+        ]
+    }
+}
+
+/// `Σ_g sc[g] · Σ_{k < 4} q[4g + k] · y[4g + k]` for one token (Q2_K, Q3_K: 16-element groups of
+/// quants below 8, four products per i16 sum).
+#[inline(always)]
+unsafe fn one_groups4<D: Dp>(q: &[__m256i; 64], p: &KP, a: *const u8) -> __m256i {
+    let mut tot = _mm256_setzero_si256();
+    for g in 0..16 {
+        let k0 = 4 * g;
+        let w = [q[k0], q[k0 + 1], q[k0 + 2], q[k0 + 3]];
+        let y = [y1(a, k0), y1(a, k0 + 1), y1(a, k0 + 2), y1(a, k0 + 3)];
+        tot = group1::<D, 4>(tot, &w, &y, p.sc[g]);
+    }
+    tot
 }
 
 impl KQuant for Q3K {
@@ -477,19 +622,24 @@ impl KQuant for Q3K {
     /// `hmask[32]` at 0, `qs[64]` at 32: as Q2_K, plus 4 where bit `4n + j` of the `hmask` byte
     /// is set (`q + 4`, 0..7); the 4 comes back out through the activation's 16-element sums.
     #[inline(always)]
-    unsafe fn quant(src: &TChunk, k: usize) -> __m256i {
-        let (n, j, t) = (k / 32, k / 8 % 4, k % 8);
-        let b = src.dw(32 + 32 * n + 4 * t);
-        let hm = src.dw(4 * t);
-        let lo = _mm256_and_si256(
-            _mm256_srl_epi32(b, _mm_cvtsi32_si128(2 * j as i32)),
-            _mm256_set1_epi8(3),
-        );
-        let hb = _mm256_and_si256(
-            _mm256_srl_epi32(hm, _mm_cvtsi32_si128((4 * n + j) as i32)),
-            _mm256_set1_epi8(1),
-        );
-        _mm256_or_si256(lo, _mm256_slli_epi32(hb, 2))
+    unsafe fn quants(src: &TChunk, q: &mut [__m256i; 64]) {
+        let m3 = _mm256_set1_epi8(3);
+        let one = _mm256_set1_epi8(1);
+        for n in 0..2 {
+            for t in 0..8 {
+                let b = src.dw(32 + 32 * n + 4 * t);
+                let hm = src.dw(4 * t);
+                for j in 0..4 {
+                    let lo =
+                        _mm256_and_si256(_mm256_srl_epi32(b, _mm_cvtsi32_si128(2 * j as i32)), m3);
+                    let hb = _mm256_and_si256(
+                        _mm256_srl_epi32(hm, _mm_cvtsi32_si128((4 * n + j) as i32)),
+                        one,
+                    );
+                    q[32 * n + 8 * j + t] = _mm256_or_si256(lo, _mm256_slli_epi32(hb, 2));
+                }
+            }
+        }
     }
 
     #[inline(always)]
@@ -501,6 +651,18 @@ impl KQuant for Q3K {
             tot[t] = _mm256_sub_epi32(tot[t], _mm256_slli_epi32(ms[t], 2));
         }
         [tot, [_mm256_setzero_si256(); T]]
+    }
+
+    #[inline(always)]
+    unsafe fn one<D: Dp>(src: &TChunk, p: &KP, a: *const u8) -> [__m256i; 2] {
+        let mut q = [_mm256_setzero_si256(); 64];
+        Self::quants(src, &mut q);
+        let tot = one_groups4::<D>(&q, p, a);
+        let ms = pair_sums::<D, 1, 8>(&p.mn, &[a], Q8K_BSUMS)[0];
+        [
+            _mm256_sub_epi32(tot, _mm256_slli_epi32(ms, 2)),
+            _mm256_setzero_si256(),
+        ]
     }
 }
 
@@ -540,22 +702,44 @@ impl KQuant for Iq4Xs {
     /// `qs[128]` at 8: sub-block `ib`'s 16 bytes give elements `32 ib + j` (low nibbles) and
     /// `32 ib + 16 + j` (high), each an index into the (signed) IQ4 levels.
     #[inline(always)]
-    unsafe fn quant(src: &TChunk, k: usize) -> __m256i {
-        let (ib, hi, t) = (k / 8, k / 4 % 2, k % 4);
+    unsafe fn quants(src: &TChunk, q: &mut [__m256i; 64]) {
         let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
-        let g = src.dw(8 + 16 * ib + 4 * t);
-        _mm256_shuffle_epi8(table, if hi == 0 { nib_lo(g) } else { nib_hi(g) })
+        for ib in 0..8 {
+            for t in 0..4 {
+                let g = src.dw(8 + 16 * ib + 4 * t);
+                q[8 * ib + t] = _mm256_shuffle_epi8(table, nib_lo(g));
+                q[8 * ib + 4 + t] = _mm256_shuffle_epi8(table, nib_hi(g));
+            }
+        }
     }
 
-    /// Products as `|q| · sign(y, q)`.
     #[inline(always)]
     unsafe fn sums<D: Dp, const T: usize>(p: &KP, a: &[*const u8; T]) -> [[__m256i; T]; 2] {
+        [iq4xs_sums::<D, T>(&p.q, p, a), [_mm256_setzero_si256(); T]]
+    }
+
+    #[inline(always)]
+    unsafe fn one<D: Dp>(src: &TChunk, p: &KP, a: *const u8) -> [__m256i; 2] {
+        let mut q = [_mm256_setzero_si256(); 64];
+        Self::quants(src, &mut q);
+        [iq4xs_sums::<D, 1>(&q, p, &[a])[0], _mm256_setzero_si256()]
+    }
+}
+
+/// IQ4_XS's `tot` for quants `q` (products as `|q| · sign(y, q)`).
+#[inline(always)]
+unsafe fn iq4xs_sums<D: Dp, const T: usize>(
+    q: &[__m256i; 64],
+    p: &KP,
+    a: &[*const u8; T],
+) -> [__m256i; T] {
+    {
         let mut tot = [_mm256_setzero_si256(); T];
         for ib in 0..8 {
             if D::VNNI {
                 let mut is = [[_mm256_setzero_si256(); T]; 2];
                 for k in 0..8 {
-                    let w = p.q[8 * ib + k];
+                    let w = q[8 * ib + k];
                     let aw = _mm256_sign_epi8(w, w);
                     for t in 0..T {
                         let y = bcast(a[t].add(Q8K_QS + 32 * ib + 4 * k));
@@ -569,7 +753,7 @@ impl KQuant for Iq4Xs {
             } else {
                 // |q| · sign(y, q) pairs reach 2 * 127 * 127: one `vpmaddwd` per product.
                 for k in 0..8 {
-                    let w = p.q[8 * ib + k];
+                    let w = q[8 * ib + k];
                     let aw = _mm256_sign_epi8(w, w);
                     for t in 0..T {
                         let y = bcast(a[t].add(Q8K_QS + 32 * ib + 4 * k));
@@ -579,7 +763,7 @@ impl KQuant for Iq4Xs {
                 }
             }
         }
-        [tot, [_mm256_setzero_si256(); T]]
+        tot
     }
 }
 

@@ -413,14 +413,16 @@ pub(super) unsafe fn run<F: Fmt, D: Dp>(
                 // after next, which usually follows in memory, front to back, a share per chunk.
                 {
                     let span = LANES * w.stride;
-                    let share = span.div_ceil(n_chunks).next_multiple_of(64);
+                    let share = span.div_ceil(n_chunks).next_multiple_of(128);
                     let from = c0 / F::CHUNK * share;
                     let next = base.wrapping_add(2 * span);
                     let mut o = from;
+                    // One prefetch per 128 bytes: the L2's adjacent-line prefetcher brings in the
+                    // other line of each pair (half the loop overhead of one per line).
                     while o < (from + share).min(span) {
                         // `wrapping_add`: a prefetch may point past the buffer; it is never read.
                         _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(o).cast());
-                        o += 64;
+                        o += 128;
                     }
                 }
                 tc.load(&rows, end, c0 * F::WB, cn * F::WB);
