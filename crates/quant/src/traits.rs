@@ -14,7 +14,7 @@ use crate::block::{cast_blocks, cast_blocks_mut, Block};
 use crate::{dot, float, iq4, iq4_quantize, k_quantize, k_quants as k, legacy as l, GgmlType};
 
 #[cfg(target_arch = "x86_64")]
-use crate::simd::ymm::{floats as yf, kquants as yk, legacy as yl};
+use crate::simd::ymm::{floats as yf, kquants as yk, legacy as yl, rows as yr};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{avx512, lanes, quantize as q};
 
@@ -295,8 +295,14 @@ const TABLE: [TypeTraits; 17] = [
             scalar: |n, w, a| dot::vec_dot_q6_k_q8_k(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
             simd: [
-                both(yk::q6_k),
-                both(yk::q6_k_vnni),
+                Kernel {
+                    one: yr::q6_k_rows,
+                    many: yk::q6_k,
+                },
+                Kernel {
+                    one: yr::q6_k_rows,
+                    many: yk::q6_k_vnni,
+                },
                 Kernel {
                     one: avx512::q6_k_rows,
                     many: lanes::q6_k,

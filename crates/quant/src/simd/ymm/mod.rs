@@ -27,6 +27,7 @@ use crate::simd::PASS;
 pub(crate) mod floats;
 pub(crate) mod kquants;
 pub(crate) mod legacy;
+pub(crate) mod rows;
 
 /// Weight rows per register.
 pub(super) const LANES: usize = 8;
