@@ -14,7 +14,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{bcast, bcast_f, halves_f32, low_f32, nib_hi, nib_lo, Dp, Fmt, TChunk};
+use super::{bcast, bcast_f, halves_f32, low_f32, nib_hi, nib_lo, Dp, Fmt, TChunk, LANES};
 use crate::iq4::KVALUES_IQ4NL;
 
 /// Q8_K: `d` (f32) at 0, 256 quants at 4, 16 i16 sums of 16 quants at 260.
@@ -115,11 +115,61 @@ unsafe fn byte_pairs_signed(v: __m256i) -> (__m256i, __m256i) {
     )
 }
 
+/// Where the dwords of one super-block of 8 rows come from (lane `r`: row `r`).
+pub(crate) trait Src {
+    /// The dwords at byte offsets `off`, `off + 4`, `off + 8`, `off + 12` (`off` a multiple of 4).
+    unsafe fn dw4(&self, off: usize) -> [__m256i; 4];
+    /// The 8 dwords from byte offset `off` (a multiple of 4).
+    unsafe fn dw8(&self, off: usize) -> [__m256i; 8];
+}
+
+impl Src for TChunk {
+    #[inline(always)]
+    unsafe fn dw4(&self, off: usize) -> [__m256i; 4] {
+        std::array::from_fn(|k| self.dw(off + 4 * k))
+    }
+    #[inline(always)]
+    unsafe fn dw8(&self, off: usize) -> [__m256i; 8] {
+        std::array::from_fn(|k| self.dw(off + 4 * k))
+    }
+}
+
+/// The 8 rows themselves at byte offset `off`, transposed in registers by 16- and 32-byte loads:
+/// one token through a format whose blocks are whole such loads needs no [`TChunk`] (its stores
+/// and reloads were a fifth of the instructions of a Q4_K decode call).
+pub(crate) struct Direct<'a> {
+    rows: &'a [*const u8; LANES],
+    off: usize,
+}
+
+impl Src for Direct<'_> {
+    #[inline(always)]
+    unsafe fn dw4(&self, off: usize) -> [__m256i; 4] {
+        super::load_t4(self.rows, self.off + off)
+    }
+    #[inline(always)]
+    unsafe fn dw8(&self, off: usize) -> [__m256i; 8] {
+        super::load_t8(self.rows, self.off + off)
+    }
+}
+
 /// A K-quant's unpacking and its integer form.
 pub(crate) trait KQuant: Sized {
     const WB: usize;
     /// Whether the format has a minimum (a second chain).
     const MIN: bool;
+    /// Whether [`KQuant::one_direct`] exists (see [`Fmt::DIRECT`]).
+    const DIRECT: bool = false;
+    /// The scales into `p`, then [`KQuant::one`], read straight from the rows at byte `off`.
+    unsafe fn one_direct<D: Dp>(
+        _rows: &[*const u8; LANES],
+        _off: usize,
+        _p: &mut KP,
+        _a: *const u8,
+    ) -> [__m256i; 2] {
+        // Only called where `DIRECT` is true (a constant), and every such format overrides it.
+        unreachable!("one_direct of a K-quant without DIRECT")
+    }
     /// The scales (`sc`, `mn`, `d`, `dmin`) of the super-block.
     unsafe fn scales(src: &TChunk, p: &mut KP);
     /// The 64 quant registers (`q[k]`: elements `4k..4k + 4` of every row), unpacked in the
@@ -177,6 +227,23 @@ impl<W: KQuant> Fmt for K<W> {
         debug_assert_eq!(cn, 1);
         W::scales(src, p);
         let [tot, ms] = W::one::<D>(src, p, a);
+        let (mut ac, mut am) = ([*acc], [*accm]);
+        Self::chain::<D, 1>(p, [[tot], [ms]], &[a], &mut ac, &mut am);
+        (*acc, *accm) = (ac[0], am[0]);
+    }
+
+    const DIRECT: bool = W::DIRECT;
+
+    #[inline(always)]
+    unsafe fn one_token_direct<D: Dp>(
+        rows: &[*const u8; LANES],
+        off: usize,
+        p: &mut KP,
+        a: *const u8,
+        acc: &mut __m256,
+        accm: &mut __m256,
+    ) {
+        let [tot, ms] = W::one_direct::<D>(rows, off, p, a);
         let (mut ac, mut am) = ([*acc], [*accm]);
         Self::chain::<D, 1>(p, [[tot], [ms]], &[a], &mut ac, &mut am);
         (*acc, *accm) = (ac[0], am[0]);
@@ -247,9 +314,9 @@ pub(crate) struct Iq4Xs;
 /// The scales and minimums of a Q4_K / Q5_K block from its first four dwords (`d`/`dmin` and the
 /// 12 packed scale bytes), as `avx2::k4_scales_mins` in every lane.
 #[inline(always)]
-unsafe fn k45_scales(src: &TChunk, p: &mut KP) {
-    (p.d, p.dmin) = halves_f32(src.dw(0));
-    let (u0, u1, u2) = (src.dw(4), src.dw(8), src.dw(12));
+unsafe fn k45_scales<S: Src>(src: &S, p: &mut KP) {
+    let [d, u0, u1, u2] = src.dw4(0);
+    (p.d, p.dmin) = halves_f32(d);
     let m6 = _mm256_set1_epi32(0x3f3f_3f3f);
     let m4 = _mm256_set1_epi32(0x0f0f_0f0f);
     let m2 = _mm256_set1_epi32(0x0303_0303);
@@ -303,22 +370,43 @@ impl KQuant for Q4K {
 
     #[inline(always)]
     unsafe fn one<D: Dp>(src: &TChunk, p: &KP, a: *const u8) -> [__m256i; 2] {
-        let mut tot = _mm256_setzero_si256();
-        for c in 0..4 {
-            let mut lo = [_mm256_setzero_si256(); 8];
-            let mut hi = [_mm256_setzero_si256(); 8];
-            let mut yl = [_mm256_setzero_si256(); 8];
-            let mut yh = [_mm256_setzero_si256(); 8];
-            for t in 0..8 {
-                let g = src.dw(16 + 32 * c + 4 * t);
-                (lo[t], hi[t]) = (nib_lo(g), nib_hi(g));
-                (yl[t], yh[t]) = (y1(a, 16 * c + t), y1(a, 16 * c + 8 + t));
-            }
-            tot = group1::<D, 8>(tot, &lo, &yl, p.sc[2 * c]);
-            tot = group1::<D, 8>(tot, &hi, &yh, p.sc[2 * c + 1]);
-        }
-        [tot, k45_mins::<D, 1>(p, &[a])[0]]
+        q4k_one::<D, TChunk>(src, p, a)
     }
+
+    /// 144 bytes: one 16-byte load (`d`, `dmin`, scales) and four 32-byte ones (`qs`) per row.
+    const DIRECT: bool = true;
+
+    #[inline(always)]
+    unsafe fn one_direct<D: Dp>(
+        rows: &[*const u8; LANES],
+        off: usize,
+        p: &mut KP,
+        a: *const u8,
+    ) -> [__m256i; 2] {
+        let src = Direct { rows, off };
+        k45_scales(&src, p);
+        q4k_one::<D, Direct>(&src, p, a)
+    }
+}
+
+/// [`KQuant::one`] of Q4_K from either source.
+#[inline(always)]
+unsafe fn q4k_one<D: Dp, S: Src>(src: &S, p: &KP, a: *const u8) -> [__m256i; 2] {
+    let mut tot = _mm256_setzero_si256();
+    for c in 0..4 {
+        let g = src.dw8(16 + 32 * c);
+        let mut lo = [_mm256_setzero_si256(); 8];
+        let mut hi = [_mm256_setzero_si256(); 8];
+        let mut yl = [_mm256_setzero_si256(); 8];
+        let mut yh = [_mm256_setzero_si256(); 8];
+        for t in 0..8 {
+            (lo[t], hi[t]) = (nib_lo(g[t]), nib_hi(g[t]));
+            (yl[t], yh[t]) = (y1(a, 16 * c + t), y1(a, 16 * c + 8 + t));
+        }
+        tot = group1::<D, 8>(tot, &lo, &yl, p.sc[2 * c]);
+        tot = group1::<D, 8>(tot, &hi, &yh, p.sc[2 * c + 1]);
+    }
+    [tot, k45_mins::<D, 1>(p, &[a])[0]]
 }
 
 /// `Σ_s m_s · sum(y over sub-block s)` for Q4_K / Q5_K: the 16-element sums added in pairs.

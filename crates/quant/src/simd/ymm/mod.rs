@@ -287,6 +287,23 @@ pub(crate) trait Fmt {
         acc: &mut __m256,
         accm: &mut __m256,
     );
+    /// Whether [`Fmt::one_token_direct`] exists: the format's blocks are whole 16- and 32-byte
+    /// loads, so one token can transpose them in registers without the [`TChunk`] round trip.
+    const DIRECT: bool = false;
+    /// [`Fmt::one_token`] for one block (`CHUNK` is 1) read straight from the 8 rows at byte
+    /// offset `off`, transposed in registers: the same operations per output.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn one_token_direct<D: Dp>(
+        _rows: &[*const u8; LANES],
+        _off: usize,
+        _p: &mut Self::P,
+        _a: *const u8,
+        _acc: &mut __m256,
+        _accm: &mut __m256,
+    ) {
+        // Only called where `DIRECT` is true (a constant), and every such format overrides it.
+        unreachable!("one_token_direct of a format without DIRECT")
+    }
     /// The output from the two chains.
     unsafe fn finish(acc: __m256, accm: __m256) -> __m256;
 }
@@ -425,6 +442,13 @@ pub(super) unsafe fn run<F: Fmt, D: Dp>(
                         _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(o).cast());
                         o += 128;
                     }
+                }
+                if nt == 1 && F::DIRECT {
+                    debug_assert_eq!(F::CHUNK, 1);
+                    let ab = a[0].add(c0 * F::AB);
+                    F::one_token_direct::<D>(&rows, c0 * F::WB, p, ab, &mut acc[0], &mut accm[0]);
+                    c0 += cn;
+                    continue;
                 }
                 tc.load(&rows, end, c0 * F::WB, cn * F::WB);
                 if nt == 1 {
