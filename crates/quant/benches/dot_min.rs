@@ -7,7 +7,8 @@
 //! same products with one `vec_dot_matrix_at` call over all rows.
 
 use hearth_quant::simd::{
-    available_levels, quantize_row_at, vec_dot_at, vec_dot_matrix_at, vec_dot_tile_at, Level, Rows,
+    available_isas, quantize_row_at, vec_dot_at, vec_dot_matrix_at, vec_dot_tile_at, Isa, Level,
+    Rows,
 };
 use hearth_quant::{has_vec_dot, vec_dot_type, GgmlType, ALL_TYPES};
 use std::hint::black_box;
@@ -77,7 +78,7 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    let levels = available_levels();
+    let levels = available_isas();
     let cols = cols();
     println!("{ROWS} rows x {cols} columns");
     print!("{:<8} {:<7}", "type", "shape");
@@ -115,7 +116,7 @@ fn main() {
         ] {
             print!("{:<8} {:<7}", ty.name(), shape);
             for &level in &levels {
-                let budget = Duration::from_millis(if level == Level::Scalar { 300 } else { 600 });
+                let budget = Duration::from_millis(if level == Isa::Scalar { 300 } else { 600 });
                 let t = best(budget, || {
                     if shape.starts_with("mat") {
                         let wr = Rows {

@@ -10,7 +10,7 @@
 //! `cargo bench -p hearth-quant --bench matrix -- Q4_1` filters by name.
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use hearth_quant::simd::{kernel_level, quantize_row_at, vec_dot_matrix_at, Level, Rows};
+use hearth_quant::simd::{kernel_isa, quantize_row_at, vec_dot_matrix_at, Isa, Level, Rows};
 use hearth_quant::{vec_dot_type, GgmlType};
 use std::time::Duration;
 
@@ -42,7 +42,7 @@ fn acts(rng: &mut Rng, ty: GgmlType, tokens: usize, cols: usize) -> Vec<u8> {
 /// The model's dense product: calls of 16 rows x 64 tokens.
 #[allow(clippy::too_many_arguments)]
 fn product(
-    level: Level,
+    level: Isa,
     ty: GgmlType,
     cols: usize,
     w: &[u8],
@@ -72,7 +72,7 @@ fn product(
 
 fn bench(c: &mut Criterion) {
     use GgmlType::*;
-    let level = kernel_level();
+    let level = kernel_isa();
     let mut rng = Rng(11);
     // (type, [(rows, cols)] for prefill, [(rows, cols)] for decode)
     let legacy: &[(usize, usize)] = &[(576, 576), (1536, 576), (576, 1536)];

@@ -20,12 +20,17 @@
 //! products bit for bit against ggml's generic C kernels and within 1e-4 of the f64 dot of the
 //! dequantized operands.
 //!
+//! Everything the crate does with a type is one row of a table (`traits.rs`, after ggml's
+//! `type_traits_cpu[]`): dequantizer, quantizers, the dot product's activation type, the scalar
+//! oracle and the SIMD kernel per instruction set and number of tokens.
+//!
 //! Entry points by type: [`dequantize_row`], [`quantize_row`], [`vec_dot_type`], [`vec_dot`], and for
 //! matrix products [`vec_dot_matrix`] (weight rows × activation rows, shapes checked once),
 //! [`vec_dot_tile`] and [`vec_dot_rows`] (one weight row against several activation rows), all
-//! bit-identical to [`vec_dot`] element by element whatever the batch. [`vec_dot`] and the Q8 quantizers run the SIMD
-//! kernels of [`simd`] (AVX2, AVX-512), picked once at run time ([`kernel_level`]); the typed scalar
-//! functions and block structs stay public as the oracles those kernels are tested against.
+//! bit-identical to [`vec_dot`] element by element whatever the batch. [`vec_dot`] and the Q8
+//! quantizers run the SIMD kernels of [`simd`] (AVX2, AVX-VNNI, AVX-512), picked once at run time
+//! ([`kernel_isa`]); the typed scalar functions and block structs stay public as the oracles those
+//! kernels are tested against.
 //! Types outside the 17 are refused with [`QuantError::Unsupported`] naming them.
 
 #![deny(missing_docs)]
@@ -45,6 +50,7 @@ pub mod k_quantize;
 pub mod k_quants;
 pub mod legacy;
 pub mod simd;
+mod traits;
 mod types;
 
 pub use api::{
@@ -71,5 +77,7 @@ pub use legacy::{
     quantize_row_q5_0, quantize_row_q5_1, quantize_row_q8_0, quantize_row_q8_1, BlockQ4_0,
     BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1,
 };
-pub use simd::{kernel_level, vec_dot_matrix, vec_dot_rows, vec_dot_tile, Level, Rows};
+pub use simd::{
+    kernel_isa, kernel_level, vec_dot_matrix, vec_dot_rows, vec_dot_tile, Isa, Level, Rows,
+};
 pub use types::{GgmlType, ALL_TYPES};

@@ -172,28 +172,10 @@ impl GgmlType {
         (n / bs).checked_mul(self.type_size() as u64)
     }
 
-    /// Whether Hearth can dequantize this type and compute with it.
+    /// Whether Hearth can dequantize this type and compute with it (it has a row in the type
+    /// table).
     pub fn is_supported(self) -> bool {
-        use GgmlType::*;
-        matches!(
-            self,
-            F32 | F16
-                | BF16
-                | Q4_0
-                | Q4_1
-                | Q5_0
-                | Q5_1
-                | Q8_0
-                | Q8_1
-                | Q2_K
-                | Q3_K
-                | Q4_K
-                | Q5_K
-                | Q6_K
-                | Q8_K
-                | IQ4_NL
-                | IQ4_XS
-        )
+        crate::traits::get(self).is_some()
     }
 }
 

@@ -108,7 +108,7 @@ fn zero_activation_gives_zero() {
 }
 
 #[test]
-#[should_panic(expected = "row lengths")]
+#[should_panic(expected = "activation row of 238 bytes, expected 272")]
 fn vec_dot_panics_on_length_mismatch() {
     let w = vec![0u8; 18 * 8];
     let a = vec![0u8; 34 * 7];

@@ -5,7 +5,10 @@
 //!   the order of the f32 accumulation differs);
 //! - tiles: `vec_dot_tile_at` / `vec_dot_rows_at` bit-identical to `vec_dot_at` at the same level,
 //!   for 1..=8 and odd activation counts (batch invariance), and `vec_dot_matrix_at` for ragged
-//!   weight-row and token counts around the register-blocked kernel's 16 rows and 32 tokens;
+//!   weight-row and token counts around the register-blocked kernels' 8 and 16 rows, groups of 4
+//!   tokens and passes of 64;
+//! - instruction sets: AVX2, AVX-VNNI and AVX-512 give the same bits for every element (one f32
+//!   chain per type), for one token and for many, over several chunks and a ragged one;
 //! - quantizers: the SIMD Q8_0 / Q8_1 / Q8_K / F16 quantizers bit-identical to the reference,
 //!   including exact rounding ties, zeros, extremes and blocks with NaN or infinities.
 
@@ -13,8 +16,8 @@ mod common;
 
 use common::{f16_fields, random_row, Rng};
 use hearth_quant::simd::{
-    available_levels, cpu_level, quantize_row_at, vec_dot_at, vec_dot_matrix_at, vec_dot_rows_at,
-    vec_dot_tile_at, Level, Rows,
+    available_isas, cpu_level, quantize_row_at, vec_dot_at, vec_dot_matrix_at, vec_dot_rows_at,
+    vec_dot_tile_at, Isa, Level, Rows, ALL_ISAS,
 };
 use hearth_quant::{dequantize_row, has_vec_dot, vec_dot_type, GgmlType, ALL_TYPES};
 
@@ -26,19 +29,16 @@ fn dot_types() -> Vec<GgmlType> {
         .collect()
 }
 
-/// SIMD levels to test, with a note for each one the CPU lacks.
-fn simd_levels() -> Vec<Level> {
-    for l in [Level::Avx2, Level::Avx512] {
-        if l > cpu_level() {
-            println!(
-                "note: skipping level {l}: this CPU only runs up to {}",
-                cpu_level()
-            );
+/// SIMD instruction sets to test, with a note for each one the CPU lacks.
+fn simd_levels() -> Vec<Isa> {
+    for i in ALL_ISAS {
+        if !i.supported() {
+            println!("note: skipping {i}: this CPU does not run it");
         }
     }
-    available_levels()
+    available_isas()
         .into_iter()
-        .filter(|&l| l != Level::Scalar)
+        .filter(|&l| l != Isa::Scalar)
         .collect()
 }
 
@@ -144,7 +144,7 @@ fn simd_dots_match_scalar_twins() {
 
 #[test]
 fn public_vec_dot_uses_a_level_equal_to_vec_dot_at() {
-    let level = hearth_quant::kernel_level();
+    let level = hearth_quant::kernel_isa();
     let mut rng = Rng(42);
     for ty in dot_types() {
         let n = 512;
@@ -162,7 +162,7 @@ fn public_vec_dot_uses_a_level_equal_to_vec_dot_at() {
 #[test]
 fn tiles_are_bit_identical_to_single_dots() {
     let mut rng = Rng(0x711E);
-    for level in available_levels() {
+    for level in available_isas() {
         for ty in dot_types() {
             let aty = vec_dot_type(ty);
             for &n in &[
@@ -208,7 +208,7 @@ fn tiles_are_bit_identical_to_single_dots() {
 #[test]
 fn matrix_is_bit_identical_to_single_dots() {
     let mut rng = Rng(0x3A7);
-    for level in available_levels() {
+    for level in available_isas() {
         for ty in dot_types() {
             let aty = vec_dot_type(ty);
             let n = if ty.block_size() == 1 { 77 } else { 512 };
@@ -396,4 +396,65 @@ fn kernel_level_names_round_trip() {
     assert_eq!(Level::from_name("AVX2 "), Some(Level::Avx2));
     assert_eq!(Level::from_name("sse"), None);
     assert!(hearth_quant::kernel_level() <= cpu_level());
+    for i in ALL_ISAS {
+        assert_eq!(Isa::from_name(i.name()), Some(i));
+    }
+    assert_eq!(Isa::from_name("AVXVNNI"), Some(Isa::AvxVnni));
+    assert_eq!(Isa::AvxVnni.level(), Level::Avx2);
+    assert!(hearth_quant::kernel_isa().supported());
+}
+
+#[test]
+fn every_simd_instruction_set_gives_the_same_bits() {
+    // One f32 chain per type, whatever the kernel: AVX2 (maddubs), AVX-VNNI and AVX-512 agree bit
+    // for bit on every element, for one token (decode kernels) and for many.
+    let isas = simd_levels();
+    let mut rng = Rng(0xB175);
+    for ty in dot_types() {
+        let aty = vec_dot_type(ty);
+        // Several chunks of the register-blocked kernels and a ragged last one.
+        let n = match ty.block_size() {
+            1 => 301,
+            32 => 32 * 37,
+            _ => 256 * 3,
+        };
+        let wrow = ty.row_bytes(n as u64).unwrap() as usize;
+        let arow = aty.row_bytes(n as u64).unwrap() as usize;
+        for (n_w, n_acts) in [(19, 1), (24, 5), (9, 70)] {
+            let mut w = vec![0u8; wrow * n_w];
+            for i in 0..n_w {
+                w[i * wrow..(i + 1) * wrow].copy_from_slice(&weight_row(&mut rng, ty, n, i));
+            }
+            let mut acts = vec![0u8; arow * n_acts];
+            for j in 0..n_acts {
+                acts[j * arow..(j + 1) * arow]
+                    .copy_from_slice(&quantize(aty, &act_floats(&mut rng, n, j)));
+            }
+            let mut first: Option<(Isa, Vec<f32>)> = None;
+            for &isa in &isas {
+                let mut out = vec![f32::NAN; n_w * n_acts];
+                vec_dot_matrix_at(
+                    isa,
+                    ty,
+                    n,
+                    Rows::packed(&w, wrow),
+                    Rows::packed(&acts, arow),
+                    &mut out,
+                    n_w,
+                );
+                match &first {
+                    None => first = Some((isa, out)),
+                    Some((i0, o0)) => {
+                        for (e, (x, y)) in out.iter().zip(o0).enumerate() {
+                            assert_eq!(
+                                x.to_bits(),
+                                y.to_bits(),
+                                "{ty} {n_w}x{n_acts} element {e}: {isa} {x} vs {i0} {y}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

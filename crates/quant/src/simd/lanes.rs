@@ -35,22 +35,12 @@ use std::ptr::read_unaligned;
 
 use super::Rows;
 use crate::iq4::KVALUES_IQ4NL;
-use crate::GgmlType;
 
 /// Weight rows per register (one per 32-bit lane).
 pub(super) const LANES: usize = 16;
 
 /// Most activation rows (tokens) one call of [`matrix`] takes; callers pass longer lists in parts.
 pub(super) const PASS: usize = 64;
-
-/// Whether `ty` has a lanes kernel.
-pub(super) fn supports(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(
-        ty,
-        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL | Q4_K | Q5_K | Q6_K
-    )
-}
 
 /// A weight format unpacked for lanes, paired with its activation format.
 trait Fmt {
@@ -1143,83 +1133,45 @@ unsafe fn run<F: Fmt>(
 }
 
 macro_rules! entry {
-    ($name:ident, $F:ty) => {
+    ($name:ident, $F:ty, $bs:expr) => {
+        /// The lanes kernel of one weight type (see `crate::traits::MatrixFn`).
+        ///
+        /// # Safety
+        /// As `crate::traits::MatrixFn`, with AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        unsafe fn $name(
-            nb: usize,
+        pub(crate) unsafe fn $name(
+            n: usize,
             w: &Rows,
             acts: &[&[u8]],
             out: &mut [f32],
             tok_stride: usize,
             row_stride: usize,
-            scratch: *mut __m512i,
         ) {
-            run::<$F>(nb, w, acts, out, tok_stride, row_stride, scratch)
+            with_scratch(|sc| run::<$F>(n / $bs, w, acts, out, tok_stride, row_stride, sc))
         }
     };
 }
 
-entry!(q4_0, L<Q4_0>);
-entry!(q4_1, L<Q4_1>);
-entry!(q5_0, L<Q5_0>);
-entry!(q5_1, L<Q5_1>);
-entry!(q8_0, L<Q8_0>);
-entry!(iq4_nl, L<Iq4Nl>);
-entry!(q4_k, K45<false>);
-entry!(q5_k, K45<true>);
-entry!(q6_k, Q6K);
+entry!(q4_0, L<Q4_0>, 32);
+entry!(q4_1, L<Q4_1>, 32);
+entry!(q5_0, L<Q5_0>, 32);
+entry!(q5_1, L<Q5_1>, 32);
+entry!(q8_0, L<Q8_0>, 32);
+entry!(iq4_nl, L<Iq4Nl>, 32);
+entry!(q4_k, K45<false>, 256);
+entry!(q5_k, K45<true>, 256);
+entry!(q6_k, Q6K, 256);
 
-/// Every row of `w` (each `wlen` bytes) against every row of `acts` (at most [`PASS`], each one
-/// activation row of `n` elements): element (row `i`, token `j`) is written to
-/// `out[j * tok_stride + i * row_stride]`. False if `ty` has no lanes kernel.
-///
-/// # Safety
-/// The CPU must have AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; every row of `w` must hold `wlen`
-/// bytes, one row of `n` elements of `ty`, every activation row one row of `vec_dot_type(ty)`,
-/// `1 <= acts.len() <= PASS`, `(w.count - 1) * w.stride` must fit an i32, and `out` must hold every
-/// element written.
-pub(super) unsafe fn matrix(
-    ty: GgmlType,
-    n: usize,
-    w: &Rows,
-    acts: &[&[u8]],
-    out: &mut [f32],
-    tok_stride: usize,
-    row_stride: usize,
-) -> bool {
-    use GgmlType::*;
-    // One token through a K-quant: the row kernels give the same bits without the transpose.
-    if acts.len() == 1 && super::avx512::k_rows_one_token(ty, w, acts[0], out, row_stride) {
-        return true;
-    }
-    let f = match ty {
-        Q4_0 => q4_0,
-        Q4_1 => q4_1,
-        Q5_0 => q5_0,
-        Q5_1 => q5_1,
-        Q8_0 => q8_0,
-        IQ4_NL => iq4_nl,
-        Q4_K => q4_k,
-        Q5_K => q5_k,
-        Q6_K => q6_k,
-        _ => return false,
-    };
+/// Runs `f` on this thread's scratch.
+#[inline(always)]
+unsafe fn with_scratch(f: impl FnOnce(*mut __m512i)) {
     SCRATCH.with(|sc| {
         let mut sc = sc.borrow_mut();
         if sc.is_empty() {
             sc.resize(SCRATCH_ZMM, _mm512_setzero_si512());
         }
-        f(
-            n / ty.block_size(),
-            w,
-            acts,
-            out,
-            tok_stride,
-            row_stride,
-            sc.as_mut_ptr(),
-        );
-    });
-    true
+        f(sc.as_mut_ptr())
+    })
 }
 
 /// Registers of scratch for the unpacked weights, the transposed chunk and the prepared tokens.

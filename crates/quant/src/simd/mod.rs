@@ -1,39 +1,41 @@
 //! SIMD dot products and activation quantizers for x86-64, picked at run time.
 //!
-//! Three [`Level`]s exist: `Scalar` (the reference kernels in [`crate::dot`] / [`crate::float`]),
-//! `Avx2` (AVX2 + FMA + F16C) and `Avx512` (AVX-512 F/BW/VL/VNNI on top of AVX2). The CPU is probed
-//! once with `is_x86_feature_detected!`; the environment variable `HEARTH_KERNELS=scalar|avx2|avx512`
-//! caps the level (a level the CPU lacks falls back to the best one it has). Nothing is chosen at
-//! compile time, so one binary runs everywhere; on other architectures everything is scalar.
+//! Four instruction sets ([`Isa`]) exist: `Scalar` (the reference kernels in [`crate::dot`] /
+//! [`crate::float`]), `Avx2` (AVX2 + FMA + F16C, 8-bit products with `vpmaddubsw` + `vpmaddwd`),
+//! `AvxVnni` (the same with AVX-VNNI's VEX `vpdpbusd` on 256-bit registers: Alder Lake and later)
+//! and `Avx512` (AVX-512 F/BW/VL/VNNI). The coarser [`Level`] (scalar, AVX2, AVX-512) is what
+//! other crates pick their own vector code by; both AVX2 sets are [`Level::Avx2`]. The CPU is
+//! probed once with `is_x86_feature_detected!`; the environment variable
+//! `HEARTH_KERNELS=scalar|avx2|avxvnni|avx512` caps the set (one the CPU lacks falls back to the
+//! best one below it that it has). Nothing is chosen at compile time, so one binary runs
+//! everywhere; on other architectures everything is scalar.
 //!
-//! Every SIMD kernel computes the same integer sums as its scalar twin (exactly) and differs only in
-//! the order of the final f32 accumulation. Each kernel is written once as a *tile*: one weight row
-//! against `N` (1..=[`MAX_TILE`]) activation rows, with per-activation accumulators and a reduction
-//! order that does not depend on `N`. The single-row dot is the tile with `N = 1`, so
-//! [`vec_dot_tile`] is bit-identical to [`crate::vec_dot`] at the same level for every element,
-//! whatever the batch or tile size (batch invariance).
-//!
-//! At [`Level::Avx512`], Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/IQ4_NL and Q4_K/Q5_K/Q6_K use the
-//! register-blocked kernels of `lanes.rs` instead: 16 weight rows per register (one per lane) against
-//! up to 4 tokens at a time, where each element is one f32 FMA chain over its blocks in order. A
-//! single dot runs the same kernel with one row, so the rule above holds there too.
+//! Which kernel runs for a weight type, instruction set and number of tokens is one row per type in
+//! `crate::traits`. Every SIMD kernel computes exact integer sums per block and then one fixed
+//! chain of f32 operations per output element: the chain is defined by the type (see
+//! `ymm.rs`, `lanes.rs`), not by the kernel, the instruction set, the number of weight rows or
+//! the number of tokens. So a single dot equals the element of any matrix product bit for bit
+//! (batch invariance), and every SIMD instruction set gives the same bits as every other; only the
+//! scalar oracles (ggml's `*_generic` order) differ, within rounding.
 //!
 //! Entry points: [`vec_dot_matrix`] (several weight rows × several activation rows, the one to use
 //! in a matmul), [`vec_dot_tile`] / [`vec_dot_rows`] (one weight row × several activation rows),
-//! and `*_at` twins taking an explicit [`Level`] for tests and benchmarks; `crate::vec_dot` and
-//! `crate::quantize_row` dispatch here too.
+//! and `*_at` twins taking an explicit [`Isa`] (or [`Level`]) for tests and benchmarks;
+//! `crate::vec_dot` and `crate::quantize_row` dispatch here too.
 //!
 //! Activation quants must lie in `-127..=127`, as every quantizer in this crate writes them: the
 //! signed 8-bit products use the `sign` trick of llama.cpp, which cannot represent `-(-128)`.
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
-mod lanes;
+pub(crate) mod lanes;
 #[cfg(target_arch = "x86_64")]
-mod quantize;
+pub(crate) mod quantize;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod ymm;
 
 /// In-register transpose of 16 × 16 dwords: afterwards lane `l` of `r[k]` is lane `k` of the
 /// input `r[l]` (for callers that lay out f32 or i32 tiles, such as attention's key blocks).
@@ -47,28 +49,31 @@ pub unsafe fn transpose16x16(r: &mut [std::arch::x86_64::__m512i; 16]) {
     lanes::transpose16(r)
 }
 
-use crate::api::{has_vec_dot, row_len, vec_dot_type};
-use crate::block::{cast_blocks, Block};
-use crate::{dot, float, GgmlType, QuantError};
+use crate::api::row_len;
+use crate::traits::{self, Dot};
+use crate::{GgmlType, QuantError};
 use std::sync::OnceLock;
 
-/// Most activation rows one kernel pass handles; longer lists are processed in passes of this many.
-/// Four keeps the per-activation accumulators of every kernel within the 16 AVX2 registers.
+/// Most activation rows (tokens) one kernel call takes; longer lists are processed in passes of
+/// this many.
+pub const PASS: usize = 64;
+
+/// The former tile width, kept for callers that size buffers by it.
 pub const MAX_TILE: usize = 4;
 
-/// A kernel level, from slowest to fastest.
+/// A kernel level, from slowest to fastest: what other crates pick their own vector code by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Level {
     /// The reference kernels (any architecture).
     Scalar,
-    /// AVX2 + FMA + F16C.
+    /// AVX2 + FMA + F16C (with or without AVX-VNNI).
     Avx2,
-    /// AVX-512 F/BW/VL/VNNI (implies [`Level::Avx2`]); types without a 512-bit kernel use AVX2.
+    /// AVX-512 F/BW/VL/VNNI (implies [`Level::Avx2`]).
     Avx512,
 }
 
 impl Level {
-    /// Lower-case name, as `HEARTH_KERNELS` spells it.
+    /// Lower-case name.
     pub fn name(self) -> &'static str {
         match self {
             Level::Scalar => "scalar",
@@ -77,7 +82,7 @@ impl Level {
         }
     }
 
-    /// Parses a `HEARTH_KERNELS` value.
+    /// Parses a level name (`scalar`, `avx2`, `avx512`).
     pub fn from_name(s: &str) -> Option<Level> {
         match s.trim().to_ascii_lowercase().as_str() {
             "scalar" => Some(Level::Scalar),
@@ -94,54 +99,165 @@ impl std::fmt::Display for Level {
     }
 }
 
-/// The best level this CPU supports (ignores `HEARTH_KERNELS`).
-pub fn cpu_level() -> Level {
-    static CPU: OnceLock<Level> = OnceLock::new();
+/// An instruction set the quant kernels are written for, slowest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// The reference kernels (any architecture).
+    Scalar,
+    /// AVX2 + FMA + F16C, 8-bit products with `vpmaddubsw` + `vpmaddwd` (Haswell, Zen 1-3).
+    Avx2,
+    /// [`Isa::Avx2`] plus AVX-VNNI: `vpdpbusd` on 256-bit registers, VEX-encoded (Alder Lake,
+    /// Zen 5).
+    AvxVnni,
+    /// AVX-512 F/BW/VL/VNNI with AVX2/FMA/F16C (Skylake-X with VNNI, Ice Lake, Zen 4).
+    Avx512,
+}
+
+/// Every instruction set, slowest first.
+pub const ALL_ISAS: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512];
+
+impl Isa {
+    /// Lower-case name, as `HEARTH_KERNELS` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avxvnni",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// Parses a `HEARTH_KERNELS` value.
+    pub fn from_name(s: &str) -> Option<Isa> {
+        let s = s.trim().to_ascii_lowercase();
+        ALL_ISAS.into_iter().find(|i| i.name() == s)
+    }
+
+    /// The coarse level this set belongs to.
+    pub fn level(self) -> Level {
+        match self {
+            Isa::Scalar => Level::Scalar,
+            Isa::Avx2 | Isa::AvxVnni => Level::Avx2,
+            Isa::Avx512 => Level::Avx512,
+        }
+    }
+
+    /// Whether this CPU runs it.
+    pub fn supported(self) -> bool {
+        cpu_features().has(self)
+    }
+}
+
+impl From<Level> for Isa {
+    /// A level's baseline set: [`Level::Avx2`] is plain AVX2 (no AVX-VNNI).
+    fn from(l: Level) -> Isa {
+        match l {
+            Level::Scalar => Isa::Scalar,
+            Level::Avx2 => Isa::Avx2,
+            Level::Avx512 => Isa::Avx512,
+        }
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What the CPU has, probed once.
+#[derive(Clone, Copy, Debug)]
+struct Features {
+    avx2: bool,
+    avxvnni: bool,
+    avx512: bool,
+}
+
+impl Features {
+    fn has(self, isa: Isa) -> bool {
+        match isa {
+            Isa::Scalar => true,
+            Isa::Avx2 => self.avx2,
+            Isa::AvxVnni => self.avx2 && self.avxvnni,
+            Isa::Avx512 => self.avx512,
+        }
+    }
+
+    /// The fastest set at most `cap` that the CPU runs.
+    fn best(self, cap: Isa) -> Isa {
+        ALL_ISAS
+            .into_iter()
+            .rev()
+            .find(|&i| i <= cap && self.has(i))
+            .unwrap_or(Isa::Scalar)
+    }
+}
+
+fn cpu_features() -> Features {
+    static CPU: OnceLock<Features> = OnceLock::new();
     *CPU.get_or_init(detect_cpu)
 }
 
 #[cfg(target_arch = "x86_64")]
-fn detect_cpu() -> Level {
+fn detect_cpu() -> Features {
     let avx2 = is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c");
-    let avx512 = avx2
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("avx512vnni");
-    if avx512 {
-        Level::Avx512
-    } else if avx2 {
-        Level::Avx2
-    } else {
-        Level::Scalar
+    Features {
+        avx2,
+        avxvnni: avx2 && is_x86_feature_detected!("avxvnni"),
+        avx512: avx2
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni"),
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn detect_cpu() -> Level {
-    Level::Scalar
+fn detect_cpu() -> Features {
+    Features {
+        avx2: false,
+        avxvnni: false,
+        avx512: false,
+    }
 }
 
-/// The level [`crate::vec_dot`], [`vec_dot_tile`] and [`crate::quantize_row`] use: the CPU's best,
-/// capped by `HEARTH_KERNELS` if set. Decided once per process.
-pub fn kernel_level() -> Level {
-    static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        let cpu = cpu_level();
+/// The fastest instruction set this CPU runs (ignores `HEARTH_KERNELS`).
+pub fn cpu_isa() -> Isa {
+    cpu_features().best(Isa::Avx512)
+}
+
+/// The best level this CPU supports (ignores `HEARTH_KERNELS`).
+pub fn cpu_level() -> Level {
+    cpu_isa().level()
+}
+
+/// The instruction set [`crate::vec_dot`], [`vec_dot_matrix`] and [`crate::quantize_row`] use: the
+/// CPU's best, capped by `HEARTH_KERNELS` if set. Decided once per process.
+pub fn kernel_isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let cpu = cpu_features();
         match std::env::var("HEARTH_KERNELS") {
-            Ok(v) => match Level::from_name(&v) {
-                Some(want) => want.min(cpu),
+            Ok(v) => match Isa::from_name(&v) {
+                Some(want) => cpu.best(want),
                 None => {
                     // A typo must not silently pick a level the user did not ask for without a word.
-                    eprintln!("hearth-quant: ignoring HEARTH_KERNELS={v:?} (expected scalar, avx2 or avx512)");
-                    cpu
+                    eprintln!(
+                        "hearth-quant: ignoring HEARTH_KERNELS={v:?} (expected scalar, avx2, avxvnni or avx512)"
+                    );
+                    cpu.best(Isa::Avx512)
                 }
             },
-            Err(_) => cpu,
+            Err(_) => cpu.best(Isa::Avx512),
         }
     })
+}
+
+/// The level of [`kernel_isa`]: what other crates pick their vector code by.
+pub fn kernel_level() -> Level {
+    kernel_isa().level()
 }
 
 /// Every level this CPU can run, slowest first (for tests and benchmarks).
@@ -152,87 +268,108 @@ pub fn available_levels() -> Vec<Level> {
         .collect()
 }
 
-fn blocks<B: Block>(src: &[u8]) -> &[B] {
-    cast_blocks(src).expect("length checked by the caller")
+/// Every instruction set this CPU can run, slowest first (for tests and benchmarks).
+pub fn available_isas() -> Vec<Isa> {
+    ALL_ISAS.into_iter().filter(|i| i.supported()).collect()
 }
 
-fn check_level(level: Level) {
+fn check_isa(isa: Isa) {
     assert!(
-        level <= cpu_level(),
-        "kernel level {level} requested but this CPU only supports {}",
-        cpu_level()
+        isa.supported(),
+        "kernel set {isa} requested but this CPU does not run it (best: {})",
+        cpu_isa()
     );
 }
 
-/// Checks `ty`, `n` and the weight row; returns the activation row length in bytes.
-fn check_shapes(ty: GgmlType, n: usize, w: &[u8]) -> usize {
-    assert!(has_vec_dot(ty), "vec_dot: no dot product for {ty}");
+/// The dot-product row of `ty` and the activation row length of `n` elements; checks the weight
+/// row length `wlen` is one row of `n` elements.
+fn dot_shapes(ty: GgmlType, n: usize) -> (&'static Dot, usize, usize) {
+    let dot = traits::dot(ty).unwrap_or_else(|| panic!("vec_dot: no dot product for {ty}"));
     let wlen = row_len(ty, n).unwrap_or_else(|e| panic!("vec_dot: {e}"));
-    let alen = row_len(vec_dot_type(ty), n).unwrap_or_else(|e| panic!("vec_dot: {e}"));
-    assert!(
-        w.len() == wlen,
-        "vec_dot {ty}: weight row of {} bytes, expected {wlen}",
-        w.len()
-    );
-    alen
+    let alen = row_len(dot.act, n).unwrap_or_else(|e| panic!("vec_dot: {e}"));
+    (dot, wlen, alen)
 }
 
-/// [`crate::vec_dot`] at an explicit level (which must be in [`available_levels`]).
+/// [`crate::vec_dot`] at an explicit instruction set (which the CPU must run).
 ///
 /// # Panics
-/// As [`crate::vec_dot`], and if the CPU cannot run `level`.
-pub fn vec_dot_at(level: Level, ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
+/// As [`crate::vec_dot`], and if the CPU cannot run `isa`.
+pub fn vec_dot_at(isa: impl Into<Isa>, ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut out = [0.0f32];
-    vec_dot_rows_at(level, ty, n, w, &[a], &mut out);
+    vec_dot_rows_at(isa, ty, n, w, &[a], &mut out);
     out[0]
 }
 
-/// The single dot at `level` once [`crate::vec_dot`] has checked the shapes.
-pub(crate) fn vec_dot_checked(level: Level, ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let mut out = [0.0f32];
-    tile(level, ty, n, w, &[a], &mut out);
-    out[0]
-}
-
-/// The scalar reference dot (the oracle), after the shapes were checked.
-fn scalar_dot(ty: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
-    use GgmlType::*;
-    match ty {
-        F32 => float::vec_dot_f32(n, w, a),
-        F16 => float::vec_dot_f16(n, w, a),
-        BF16 => float::vec_dot_bf16(n, w, a),
-        Q4_0 => dot::vec_dot_q4_0_q8_0(n, blocks(w), blocks(a)),
-        Q4_1 => dot::vec_dot_q4_1_q8_1(n, blocks(w), blocks(a)),
-        Q5_0 => dot::vec_dot_q5_0_q8_0(n, blocks(w), blocks(a)),
-        Q5_1 => dot::vec_dot_q5_1_q8_1(n, blocks(w), blocks(a)),
-        Q8_0 => dot::vec_dot_q8_0_q8_0(n, blocks(w), blocks(a)),
-        IQ4_NL => dot::vec_dot_iq4_nl_q8_0(n, blocks(w), blocks(a)),
-        Q2_K => dot::vec_dot_q2_k_q8_k(n, blocks(w), blocks(a)),
-        Q3_K => dot::vec_dot_q3_k_q8_k(n, blocks(w), blocks(a)),
-        Q4_K => dot::vec_dot_q4_k_q8_k(n, blocks(w), blocks(a)),
-        Q5_K => dot::vec_dot_q5_k_q8_k(n, blocks(w), blocks(a)),
-        Q6_K => dot::vec_dot_q6_k_q8_k(n, blocks(w), blocks(a)),
-        IQ4_XS => dot::vec_dot_iq4_xs_q8_k(n, blocks(w), blocks(a)),
-        _ => unreachable!("has_vec_dot covers the arms above"),
+/// Every row of `w` (each `wlen` bytes) against every row of `acts` (each one activation row of
+/// `n` elements), shapes already checked: element (row `i`, token `j`) goes to
+/// `out[j * tok_stride + i * row_stride]`. The one place a kernel is picked: the type's row of
+/// `crate::traits` for `isa` and the number of tokens.
+#[allow(clippy::too_many_arguments)]
+fn product(
+    isa: Isa,
+    dot: &Dot,
+    n: usize,
+    w: &Rows,
+    wlen: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+    tok_stride: usize,
+    row_stride: usize,
+) {
+    if w.count == 0 || acts.is_empty() {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(k) = dot.kernels(isa) {
+        let f = if acts.len() == 1 { k.one } else { k.many };
+        for (p, pass) in acts.chunks(PASS).enumerate() {
+            // SAFETY: `check_isa` proved the CPU runs `isa` (every caller checks); the callers
+            // checked that every weight row is one row of `n` elements (`wlen` bytes), every
+            // activation row one activation row, and that `out` holds every element written.
+            unsafe {
+                f(
+                    n,
+                    w,
+                    pass,
+                    &mut out[p * PASS * tok_stride..],
+                    tok_stride,
+                    row_stride,
+                )
+            };
+        }
+        return;
+    }
+    let _ = isa;
+    for i in 0..w.count {
+        let wr = w.row(i, wlen);
+        for (j, a) in acts.iter().enumerate() {
+            out[j * tok_stride + i * row_stride] = (dot.scalar)(n, wr, a);
+        }
     }
 }
 
-/// One weight row against several activation rows at an explicit level:
-/// `out[j] = w · acts[j]`, each element bit-identical to [`vec_dot_at`]`(level, ty, n, w, acts[j])`.
+/// One weight row against several activation rows at an explicit instruction set:
+/// `out[j] = w · acts[j]`, each element bit-identical to [`vec_dot_at`]`(isa, ty, n, w, acts[j])`.
 ///
 /// # Panics
 /// On programmer error: a type without a dot product, `n` not a whole number of blocks, rows of
-/// the wrong length, `out.len() != acts.len()`, or a level the CPU cannot run.
+/// the wrong length, `out.len() != acts.len()`, or a set the CPU cannot run.
 pub fn vec_dot_rows_at(
-    level: Level,
+    isa: impl Into<Isa>,
     ty: GgmlType,
     n: usize,
     w: &[u8],
     acts: &[&[u8]],
     out: &mut [f32],
 ) {
-    check_level(level);
-    let alen = check_shapes(ty, n, w);
+    let isa = isa.into();
+    check_isa(isa);
+    let (dot, wlen, alen) = dot_shapes(ty, n);
+    assert!(
+        w.len() == wlen,
+        "vec_dot {ty}: weight row of {} bytes, expected {wlen}",
+        w.len()
+    );
     assert_eq!(
         acts.len(),
         out.len(),
@@ -245,130 +382,24 @@ pub fn vec_dot_rows_at(
             a.len()
         );
     }
-    if use_lanes(level, ty, w.len()) {
-        return row_lanes(ty, n, w, acts, out);
-    }
-    for (a, o) in acts.chunks(MAX_TILE).zip(out.chunks_mut(MAX_TILE)) {
-        tile(level, ty, n, w, a, o);
-    }
-}
-
-/// Whether `level` runs `ty` with the register-blocked kernels of `lanes.rs` (16 weight rows per
-/// register), for weight rows `w_stride` bytes apart.
-#[inline]
-fn use_lanes(level: Level, ty: GgmlType, w_stride: usize) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // Lane offsets of up to 16 rows are i32 gather indices.
-        level >= Level::Avx512
-            && lanes::supports(ty)
-            && w_stride <= i32::MAX as usize / lanes::LANES
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (level, ty, w_stride);
-        false
-    }
-}
-
-/// Every row of `w` against activation rows `act(0..n_acts)` with the lanes kernels, in passes of
-/// at most `lanes::PASS` tokens: element (row `i`, token `j`) goes to
-/// `out[j * tok_stride + i * row_stride]`. Shapes already checked; only after [`use_lanes`].
-#[allow(clippy::too_many_arguments)]
-fn lanes_product<'a>(
-    ty: GgmlType,
-    n: usize,
-    w: &Rows,
-    n_acts: usize,
-    act: impl Fn(usize) -> &'a [u8],
-    out: &mut [f32],
-    tok_stride: usize,
-    row_stride: usize,
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let mut j0 = 0;
-        while j0 < n_acts {
-            let m = (n_acts - j0).min(lanes::PASS);
-            let mut rows: [&[u8]; lanes::PASS] = [&[]; lanes::PASS];
-            for (k, r) in rows[..m].iter_mut().enumerate() {
-                *r = act(j0 + k);
-            }
-            // SAFETY: `use_lanes` proved AVX-512 F/BW/VL/VNNI (which implies AVX2/FMA/F16C here,
-            // see `detect_cpu`) and i32 lane offsets; the callers checked every row's length and
-            // that `out` holds every element written.
-            let done = unsafe {
-                lanes::matrix(
-                    ty,
-                    n,
-                    w,
-                    &rows[..m],
-                    &mut out[j0 * tok_stride..],
-                    tok_stride,
-                    row_stride,
-                )
-            };
-            debug_assert!(done);
-            j0 += m;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (ty, n, w, n_acts, act, out, tok_stride, row_stride);
-        unreachable!("use_lanes is false off x86-64");
-    }
-}
-
-/// One weight row against `acts` through the lanes kernel (`use_lanes` said yes).
-fn row_lanes(ty: GgmlType, n: usize, w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
     let w = Rows {
         data: w,
-        stride: w.len(),
+        stride: wlen,
         count: 1,
     };
-    lanes_product(ty, n, &w, acts.len(), |j| acts[j], out, 1, 0);
+    product(isa, dot, n, &w, wlen, acts, out, 1, 0);
 }
 
-/// One pass of at most [`MAX_TILE`] activation rows; shapes already checked.
-fn tile(level: Level, ty: GgmlType, n: usize, w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
-    if use_lanes(level, ty, w.len()) {
-        return row_lanes(ty, n, w, acts, out);
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if level >= Level::Avx512 {
-            // SAFETY: `check_level` proved the CPU has AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C;
-            // the shapes were checked by the caller.
-            if unsafe { avx512::tile(ty, n, w, acts, out) } {
-                return;
-            }
-        }
-        if level >= Level::Avx2 {
-            // SAFETY: `check_level` proved the CPU has AVX2, FMA and F16C; shapes were checked.
-            if unsafe { avx2::tile(ty, n, w, acts, out) } {
-                return;
-            }
-        }
-    }
-    let _ = level;
-    for (a, o) in acts.iter().zip(out.iter_mut()) {
-        *o = scalar_dot(ty, n, w, a);
-    }
-}
-
-/// [`vec_dot_rows_at`] at [`kernel_level`].
+/// [`vec_dot_rows_at`] at [`kernel_isa`].
 pub fn vec_dot_rows(ty: GgmlType, n: usize, w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
-    vec_dot_rows_at(kernel_level(), ty, n, w, acts, out)
+    vec_dot_rows_at(kernel_isa(), ty, n, w, acts, out)
 }
 
 /// One weight row against `n_acts` activation rows stored back to back:
 /// `out[j] = vec_dot(ty, n, w_row, acts[j * act_row_bytes .. j * act_row_bytes + row])` for
 /// `j < n_acts`, where `row` is the activation row length of `n` elements of
-/// [`vec_dot_type`]`(ty)` (`act_row_bytes >= row` allows padded rows). Each element is
-/// bit-identical to [`crate::vec_dot`] at the same [`kernel_level`], for any `n_acts`.
-///
-/// The weight row is decoded once per pass of up to [`MAX_TILE`] activation rows, so prefill reads
-/// and unpacks each weight block `n_acts / MAX_TILE` times instead of `n_acts` times.
+/// [`crate::vec_dot_type`]`(ty)` (`act_row_bytes >= row` allows padded rows). Each element is
+/// bit-identical to [`crate::vec_dot`] at the same [`kernel_isa`], for any `n_acts`.
 ///
 /// # Panics
 /// As [`vec_dot_rows_at`]; also if `acts` is shorter than `n_acts` rows of `act_row_bytes` or
@@ -382,22 +413,13 @@ pub fn vec_dot_tile(
     n_acts: usize,
     out: &mut [f32],
 ) {
-    vec_dot_tile_at(
-        kernel_level(),
-        ty,
-        n,
-        w_row,
-        acts,
-        act_row_bytes,
-        n_acts,
-        out,
-    )
+    vec_dot_tile_at(kernel_isa(), ty, n, w_row, acts, act_row_bytes, n_acts, out)
 }
 
-/// [`vec_dot_tile`] at an explicit level.
+/// [`vec_dot_tile`] at an explicit instruction set.
 #[allow(clippy::too_many_arguments)]
 pub fn vec_dot_tile_at(
-    level: Level,
+    isa: impl Into<Isa>,
     ty: GgmlType,
     n: usize,
     w_row: &[u8],
@@ -406,45 +428,25 @@ pub fn vec_dot_tile_at(
     n_acts: usize,
     out: &mut [f32],
 ) {
-    check_level(level);
-    let alen = check_shapes(ty, n, w_row);
+    let wlen = row_len(ty, n).unwrap_or_else(|e| panic!("vec_dot: {e}"));
     assert!(
-        act_row_bytes >= alen,
-        "vec_dot_tile: act_row_bytes {act_row_bytes} < row {alen}"
+        w_row.len() == wlen,
+        "vec_dot {ty}: weight row of {} bytes, expected {wlen}",
+        w_row.len()
     );
     assert!(out.len() >= n_acts, "vec_dot_tile: out shorter than n_acts");
-    let need = n_acts
-        .checked_sub(1)
-        .map_or(Some(0), |k| {
-            k.checked_mul(act_row_bytes)
-                .and_then(|b| b.checked_add(alen))
-        })
-        .expect("vec_dot_tile: activation extent overflows");
-    assert!(
-        acts.len() >= need,
-        "vec_dot_tile: {} activation bytes, need {need}",
-        acts.len()
-    );
-    if use_lanes(level, ty, w_row.len()) {
-        let w = Rows {
-            data: w_row,
-            stride: w_row.len(),
-            count: 1,
-        };
-        let act = |j: usize| &acts[j * act_row_bytes..j * act_row_bytes + alen];
-        lanes_product(ty, n, &w, n_acts, act, out, 1, 0);
-        return;
-    }
-    let mut j0 = 0;
-    while j0 < n_acts {
-        let m = (n_acts - j0).min(MAX_TILE);
-        let rows: [&[u8]; MAX_TILE] = std::array::from_fn(|k| {
-            let j = j0 + k.min(m - 1);
-            &acts[j * act_row_bytes..j * act_row_bytes + alen]
-        });
-        tile(level, ty, n, w_row, &rows[..m], &mut out[j0..j0 + m]);
-        j0 += m;
-    }
+    let w = Rows {
+        data: w_row,
+        stride: wlen,
+        count: 1,
+    };
+    // Checked there: the activation rows fit `acts` and `act_row_bytes` is at least a row.
+    let a = Rows {
+        data: acts,
+        stride: act_row_bytes,
+        count: n_acts,
+    };
+    vec_dot_matrix_at(isa, ty, n, w, a, out, 1)
 }
 
 /// A set of equally spaced rows in one buffer: row `i` is `data[i * stride..i * stride + len]`,
@@ -491,8 +493,9 @@ impl<'a> Rows<'a> {
         );
     }
 
+    /// Row `i` (of `len` bytes).
     #[inline]
-    fn row(&self, i: usize, len: usize) -> &'a [u8] {
+    pub(crate) fn row(&self, i: usize, len: usize) -> &'a [u8] {
         &self.data[i * self.stride..i * self.stride + len]
     }
 }
@@ -500,11 +503,11 @@ impl<'a> Rows<'a> {
 /// Several weight rows against several activation rows:
 /// `out[j * out_stride + i] = vec_dot(ty, n, w_i, a_j)` for every weight row `i < w.count` and
 /// activation row `j < acts.count` (activation-major, as a `[tokens, rows]` output). Each element
-/// is bit-identical to [`crate::vec_dot`] at the same [`kernel_level`].
+/// is bit-identical to [`crate::vec_dot`] at the same [`kernel_isa`].
 ///
-/// Shapes are checked once per call and the kernel is entered once per weight row and pass of up
-/// to [`MAX_TILE`] activation rows, so this is the cheapest entry point for both decode (one
-/// activation row, many weight rows) and prefill.
+/// Shapes are checked once per call and the kernel is entered once per pass of up to [`PASS`]
+/// activation rows, so this is the cheapest entry point for both decode (one activation row, many
+/// weight rows) and prefill.
 ///
 /// # Panics
 /// On programmer error: a type without a dot product, `n` not a whole number of blocks, rows that
@@ -517,12 +520,12 @@ pub fn vec_dot_matrix(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    vec_dot_matrix_at(kernel_level(), ty, n, w, acts, out, out_stride)
+    vec_dot_matrix_at(kernel_isa(), ty, n, w, acts, out, out_stride)
 }
 
-/// [`vec_dot_matrix`] at an explicit level.
+/// [`vec_dot_matrix`] at an explicit instruction set.
 pub fn vec_dot_matrix_at(
-    level: Level,
+    isa: impl Into<Isa>,
     ty: GgmlType,
     n: usize,
     w: Rows,
@@ -530,10 +533,9 @@ pub fn vec_dot_matrix_at(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    check_level(level);
-    assert!(has_vec_dot(ty), "vec_dot: no dot product for {ty}");
-    let wlen = row_len(ty, n).unwrap_or_else(|e| panic!("vec_dot: {e}"));
-    let alen = row_len(vec_dot_type(ty), n).unwrap_or_else(|e| panic!("vec_dot: {e}"));
+    let isa = isa.into();
+    check_isa(isa);
+    let (dot, wlen, alen) = dot_shapes(ty, n);
     w.check(wlen, "vec_dot_matrix weights");
     acts.check(alen, "vec_dot_matrix activations");
     if w.count == 0 || acts.count == 0 {
@@ -552,110 +554,54 @@ pub fn vec_dot_matrix_at(
         "vec_dot_matrix: out has {} elements, need {need}",
         out.len()
     );
-    if use_lanes(level, ty, w.stride) {
-        let act = |j: usize| acts.row(j, alen);
-        lanes_product(ty, n, &w, acts.count, act, out, out_stride, 1);
-        return;
-    }
     let mut j0 = 0;
     while j0 < acts.count {
-        let m = (acts.count - j0).min(MAX_TILE);
-        let rows: [&[u8]; MAX_TILE] = std::array::from_fn(|k| acts.row(j0 + k.min(m - 1), alen));
-        let mut g = OutGrid {
-            out: &mut *out,
-            stride: out_stride,
-            j0,
-        };
-        matrix_pass(level, ty, n, &w, wlen, &rows[..m], &mut g);
+        let m = (acts.count - j0).min(PASS);
+        let rows: [&[u8]; PASS] = std::array::from_fn(|k| acts.row(j0 + k.min(m - 1), alen));
+        product(
+            isa,
+            dot,
+            n,
+            &w,
+            wlen,
+            &rows[..m],
+            &mut out[j0 * out_stride..],
+            out_stride,
+            1,
+        );
         j0 += m;
     }
 }
 
-/// Where a matrix pass writes: weight row `i` against activation `k` of the pass goes to
-/// `out[(j0 + k) * stride + i]`.
-pub(crate) struct OutGrid<'o> {
-    out: &'o mut [f32],
-    stride: usize,
-    j0: usize,
-}
-
-impl OutGrid<'_> {
-    #[inline(always)]
-    fn put(&mut self, i: usize, vals: &[f32]) {
-        for (k, v) in vals.iter().enumerate() {
-            self.out[(self.j0 + k) * self.stride + i] = *v;
-        }
-    }
-}
-
-/// Every row of `w` against at most [`MAX_TILE`] activation rows; shapes already checked. Each
-/// element is computed by the same kernel call as in [`tile`], so it equals [`vec_dot_at`].
-fn matrix_pass(
-    level: Level,
-    ty: GgmlType,
-    n: usize,
-    w: &Rows,
-    wlen: usize,
-    acts: &[&[u8]],
-    g: &mut OutGrid,
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if level >= Level::Avx512 {
-            // SAFETY: `check_level` proved AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C; the caller
-            // checked that every weight row is `wlen` bytes and every activation row one row.
-            if unsafe { avx512::matrix(ty, n, w, wlen, acts, g) } {
-                return;
-            }
-        }
-        if level >= Level::Avx2 {
-            // SAFETY: `check_level` proved AVX2/FMA/F16C; shapes checked as above.
-            if unsafe { avx2::matrix(ty, n, w, wlen, acts, g) } {
-                return;
-            }
-        }
-    }
-    let _ = level;
-    let mut o = [0.0f32; MAX_TILE];
-    for i in 0..w.count {
-        let wr = w.row(i, wlen);
-        for (ok, a) in o.iter_mut().zip(acts) {
-            *ok = scalar_dot(ty, n, wr, a);
-        }
-        g.put(i, &o[..acts.len()]);
-    }
-}
-
-/// [`crate::quantize_row`] at an explicit level: the SIMD quantizers (Q8_0, Q8_1, Q8_K, F16) are
-/// bit-identical to the reference ones for finite input; other types use the reference quantizer.
+/// [`crate::quantize_row`] at an explicit instruction set: the SIMD quantizers (Q8_0, Q8_1,
+/// Q8_K, F16) are bit-identical to the reference ones for every input; other types use the
+/// reference quantizer.
 pub fn quantize_row_at(
-    level: Level,
+    isa: impl Into<Isa>,
     ty: GgmlType,
     src: &[f32],
     dst: &mut [u8],
 ) -> Result<(), QuantError> {
-    check_level(level);
+    let isa = isa.into();
+    check_isa(isa);
+    let t = traits::get(ty).ok_or(QuantError::NoQuantizer(ty))?;
+    let expected = row_len(ty, src.len())?;
+    if dst.len() != expected {
+        return Err(QuantError::BadLength {
+            ty,
+            expected,
+            got: dst.len(),
+            what: "destination row",
+        });
+    }
     #[cfg(target_arch = "x86_64")]
-    {
-        if level >= Level::Avx2
-            && matches!(
-                ty,
-                GgmlType::Q8_0 | GgmlType::Q8_1 | GgmlType::Q8_K | GgmlType::F16
-            )
-        {
-            let expected = row_len(ty, src.len())?;
-            if dst.len() != expected {
-                return Err(QuantError::BadLength {
-                    ty,
-                    expected,
-                    got: dst.len(),
-                    what: "destination row",
-                });
-            }
-            // SAFETY: `check_level` proved AVX2/FMA/F16C; lengths were checked above.
-            unsafe { quantize::quantize_row(ty, src, dst) };
+    if isa >= Isa::Avx2 {
+        if let Some(q) = t.quantize_avx2 {
+            // SAFETY: `check_isa` proved AVX2/FMA/F16C; lengths were checked above.
+            unsafe { q(src, dst) };
             return Ok(());
         }
     }
-    crate::api::quantize_row_scalar(ty, src, dst)
+    (t.quantize)(src, dst);
+    Ok(())
 }

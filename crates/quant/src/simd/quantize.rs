@@ -15,25 +15,36 @@ use std::arch::x86_64::*;
 use crate::block::{cast_blocks_mut, f32_to_f16, Block};
 use crate::k_quants::{BlockQ8K, QK_K};
 use crate::legacy::{BlockQ8_0, BlockQ8_1, QK};
-use crate::GgmlType;
 
 fn blocks_mut<B: Block>(dst: &mut [u8]) -> &mut [B] {
     cast_blocks_mut(dst).expect("length checked by the caller")
 }
 
-/// Quantizes `src` to `ty` (Q8_0, Q8_1, Q8_K or F16) into `dst`.
+/// Row entries for the type table: `src` quantized to Q8_0 / Q8_1 / Q8_K / F16 into `dst`.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `dst` must be exactly the row's bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
-    match ty {
-        GgmlType::Q8_0 => q8_0(src, blocks_mut(dst)),
-        GgmlType::Q8_1 => q8_1(src, blocks_mut(dst)),
-        GgmlType::Q8_K => q8_k(src, blocks_mut(dst)),
-        GgmlType::F16 => f16(src, dst),
-        other => unreachable!("no SIMD quantizer for {other}"),
-    }
+pub(crate) unsafe fn q8_0_row(src: &[f32], dst: &mut [u8]) {
+    q8_0(src, blocks_mut(dst))
+}
+
+/// See [`q8_0_row`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q8_1_row(src: &[f32], dst: &mut [u8]) {
+    q8_1(src, blocks_mut(dst))
+}
+
+/// See [`q8_0_row`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q8_k_row(src: &[f32], dst: &mut [u8]) {
+    q8_k(src, blocks_mut(dst))
+}
+
+/// See [`q8_0_row`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn f16_row(src: &[f32], dst: &mut [u8]) {
+    f16(src, dst)
 }
 
 /// `roundf`: round half away from zero. `x - trunc(x)` is exact, so comparing its magnitude with

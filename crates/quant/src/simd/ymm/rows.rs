@@ -1,0 +1,97 @@
+//! One token through Q6_K rows, a row at a time (decode), with AVX2.
+//!
+//! The 8-lane kernels keep each output's f32 chain per super-block, `acc = fma(d·dy, isum, acc)`
+//! with `isum` the exact i32 sum of the super-block. This kernel computes the same integer in vector
+//! lanes (reduced once per super-block) and runs the same chain in scalar f32, so its results equal
+//! theirs bit for bit, while reading one row front to back without a transpose: the 32 quants of a
+//! 32-element group come from one 32-byte load, and the two 16-element scales of the group go to
+//! the two 128-bit halves of one register.
+
+use std::arch::x86_64::*;
+
+use crate::block::cast_blocks;
+use crate::k_quants::{BlockQ6K, BlockQ8K};
+use crate::simd::avx2::f16c;
+use crate::simd::Rows;
+
+/// Horizontal sum of 8 i32 lanes (exact).
+#[inline(always)]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Q6_K × Q8_K for one row: `Σ_b fma(d_b · dy_b, isum_b, acc)` in block order, `isum_b` the exact
+/// `Σ (q - 32) · sc · y` of super-block `b` (the `- 32` through the activation's 16-element sums).
+#[inline(always)]
+unsafe fn q6_k_row(x: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m2 = _mm256_set1_epi8(0x03);
+    // Dword 2g of the pair register in the low half, 2g + 1 in the high half (no closure: it
+    // would not inherit the target features).
+    let idx = [
+        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+        _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+        _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
+        _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7),
+    ];
+    let mut acc = 0f32;
+    for (xb, y) in x.iter().zip(a) {
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(xb.scales.as_ptr().cast()));
+        let corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256(y.bsums.as_ptr().cast()));
+        // Scale `s` as the i16 pair `[s, s]`: scales 0..8 in `pairs[0]`, 8..16 in `pairs[1]`.
+        let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(sc16);
+        let pairs = [_mm256_unpacklo_epi16(p, p), _mm256_unpackhi_epi16(p, p)];
+        let mut sumi = _mm256_setzero_si256();
+        for n in 0..2 {
+            let ql = [
+                _mm256_loadu_si256(xb.ql[64 * n..].as_ptr().cast()),
+                _mm256_loadu_si256(xb.ql[64 * n + 32..].as_ptr().cast()),
+            ];
+            let qh = _mm256_loadu_si256(xb.qh[32 * n..].as_ptr().cast());
+            for g in 0..4 {
+                // Elements 128n + 32g.. : nibbles of ql half g % 2 (low for g < 2), bits 2g of qh.
+                let l = ql[g % 2];
+                let lo = if g < 2 {
+                    _mm256_and_si256(l, m4)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16(l, 4), m4)
+                };
+                let hb =
+                    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g as i32)), m2);
+                let q = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+                let yq = _mm256_loadu_si256(y.qs[128 * n + 32 * g..].as_ptr().cast());
+                // Scales 8n + 2g (elements 0..16 of the group) and 8n + 2g + 1 (16..32).
+                let s = _mm256_permutevar8x32_epi32(pairs[n], idx[g]);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q, yq), s));
+            }
+        }
+        let isum = hsum_epi32(_mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5)));
+        acc = (f16c(xb.d) * y.d()).mul_add(isum as f32, acc);
+    }
+    acc
+}
+
+/// One token through Q6_K rows (see `crate::traits::MatrixFn`; `acts` holds one row).
+///
+/// # Safety
+/// As `crate::traits::MatrixFn`, with AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q6_k_rows(
+    n: usize,
+    w: &Rows,
+    acts: &[&[u8]],
+    out: &mut [f32],
+    _tok_stride: usize,
+    row_stride: usize,
+) {
+    debug_assert_eq!(acts.len(), 1);
+    let nb = n / 256;
+    let a: &[BlockQ8K] = cast_blocks(acts[0]).expect("one activation row");
+    for i in 0..w.count {
+        let x: &[BlockQ6K] = cast_blocks(w.row(i, nb * 210)).expect("one weight row");
+        out[i * row_stride] = q6_k_row(x, a);
+    }
+}
