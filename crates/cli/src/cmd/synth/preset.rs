@@ -34,6 +34,10 @@ pub struct Preset {
     pub experts: Option<Experts>,
     /// The LM head reads `token_embd` (no `output.weight`).
     pub tied: bool,
+    /// `{arch}.attention.sliding_window`: the architecture's sliding layers attend this far back.
+    pub sliding_window: Option<usize>,
+    /// `post_attention_norm` and `post_ffw_norm` in every layer (Gemma).
+    pub post_norms: bool,
 }
 
 /// Every preset.
@@ -60,6 +64,8 @@ pub fn presets() -> Vec<Preset> {
                 ff: 768,
             }),
             tied: false,
+            sliding_window: None,
+            post_norms: false,
         },
         // The fixtures' tiny-qwen3moe shape (q_dim 512 != hidden 256), with four layers so Q4_K_M's
         // alternate-layer rule shows.
@@ -82,6 +88,8 @@ pub fn presets() -> Vec<Preset> {
                 ff: 256,
             }),
             tied: false,
+            sliding_window: None,
+            post_norms: false,
         },
         // Qwen3-0.6B (config.json): tie_word_embeddings true, max_position_embeddings 40960.
         Preset {
@@ -99,6 +107,29 @@ pub fn presets() -> Vec<Preset> {
             n_vocab: Some(151_936),
             experts: None,
             tied: true,
+            sliding_window: None,
+            post_norms: false,
+        },
+        // A small Gemma 3: eight layers (sliding but for layer 5, Gemma 3's five-to-one pattern), a
+        // window of 16 positions so the fixtures' short prompts run past it, one KV head, GELU,
+        // post-norms, tied embeddings scaled by sqrt(n_embd).
+        Preset {
+            name: "gemma3-tiny",
+            arch: "gemma3",
+            n_layer: 8,
+            n_embd: 256,
+            n_ff: 512,
+            n_head: 4,
+            n_head_kv: 1,
+            head_dim: 64,
+            n_ctx: 2048,
+            rope_base: 1e6,
+            rms_eps: 1e-6,
+            n_vocab: None,
+            experts: None,
+            tied: true,
+            sliding_window: Some(16),
+            post_norms: true,
         },
     ]
 }
