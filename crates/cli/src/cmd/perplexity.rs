@@ -63,7 +63,9 @@ pub fn run(args: Args) -> Result<()> {
             let end = (start + n_batch).min(n_ctx);
             let pos: Vec<usize> = (start..end).collect();
             let seq = vec![0; end - start];
-            let want = vec![true; end - start];
+            // Only the scored positions' logits: the LM head is most of the work on a large
+            // vocabulary, and a row's logits are the same whichever rows are asked for.
+            let want: Vec<bool> = pos.iter().map(|&p| p >= first && p + 1 < n_ctx).collect();
             let batch = Batch {
                 tokens: &toks[start..end],
                 pos: &pos,
@@ -73,7 +75,10 @@ pub fn run(args: Args) -> Result<()> {
             let out = m
                 .model
                 .forward(&m.pool, &mut kv, &mut scratch, &batch, None)?;
-            logits[start * c.n_vocab..end * c.n_vocab].copy_from_slice(out);
+            let scored = pos.iter().zip(&want).filter(|(_, &w)| w);
+            for ((&p, _), row) in scored.zip(out.chunks_exact(c.n_vocab)) {
+                logits[p * c.n_vocab..(p + 1) * c.n_vocab].copy_from_slice(row);
+            }
         }
         for j in first..n_ctx - 1 {
             let lp = -(logprob(&logits[j * c.n_vocab..(j + 1) * c.n_vocab], toks[j + 1]) as f64);
