@@ -33,10 +33,17 @@ fn sequences(n_vocab: usize) -> Vec<Vec<u32>> {
 fn decoder(model: &Model, seqs: &[Vec<u32>], prefill: usize) -> Vec<Vec<Vec<f32>>> {
     let c = &model.config;
     let pool = ThreadPool::new(2);
-    let mut kv = KvCache::new(seqs.len(), c.n_layer, 64, c.k_dim(), c.v_dim(), KvType::F32);
-    let mut scratch = Scratch::new(model, 64);
-    let mut out = vec![Vec::new(); seqs.len()];
     let longest = seqs.iter().map(Vec::len).max().unwrap();
+    let mut kv = KvCache::new(
+        seqs.len(),
+        c.n_layer,
+        longest,
+        c.k_dim(),
+        c.v_dim(),
+        KvType::F32,
+    );
+    let mut scratch = Scratch::new(model, seqs.len() * prefill.max(1));
+    let mut out = vec![Vec::new(); seqs.len()];
     let mut start = 0;
     while start < longest {
         let end = if start == 0 { prefill } else { start + 1 };
@@ -91,13 +98,16 @@ fn worst(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> f32 {
 }
 
 fn agrees(name: &str, tiny: &Tiny) {
+    agrees_on(name, tiny, &sequences(tiny.n_vocab), &[9, 1]);
+}
+
+fn agrees_on(name: &str, tiny: &Tiny, seqs: &[Vec<u32>], prefills: &[usize]) {
     let gguf = tiny.build(7);
     let model = Model::load(gguf.clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
     let r = Reference::new(&gguf);
-    let seqs = sequences(tiny.n_vocab);
-    let want = reference(&r, &seqs);
-    for prefill in [9, 1] {
-        let got = decoder(&model, &seqs, prefill);
+    let want = reference(&r, seqs);
+    for &prefill in prefills {
+        let got = decoder(&model, seqs, prefill);
         let w = worst(&got, &want);
         println!("{name}, prefill {prefill}: worst relative difference {w:.2e}");
         assert!(
@@ -144,6 +154,20 @@ fn gemma3_with_soft_capping_and_a_listed_pattern() {
         )
         .with("rope.freq_base_swa", Value::F32(500.0));
     agrees("gemma3 soft-capped", &t);
+}
+
+#[test]
+fn windows_across_key_blocks() {
+    // A window of 70 positions over sequences of 150 and 90: windows start inside the second and
+    // third blocks of 64 keys, and a prefill of 40 rows puts rows of one task on both sides of a
+    // block boundary.
+    let t = Tiny::gemma3().with("attention.sliding_window", Value::U32(70));
+    let n = t.n_vocab;
+    let seqs: Vec<Vec<u32>> = [150, 90]
+        .iter()
+        .map(|&len| (0..len).map(|i| ((i * 29 + len) % n) as u32).collect())
+        .collect();
+    agrees_on("gemma3, window 70", &t, &seqs, &[40]);
 }
 
 #[test]
