@@ -50,13 +50,38 @@ pub enum AttnScale {
 pub enum Swa {
     /// Every layer attends to the whole context; the window key is not read.
     None,
-    /// When the file has a window, layer `l` slides unless `l % period == period - 1`
+    /// When there is a window, layer `l` slides unless `l % period == period - 1`
     /// (`period` 0: every layer slides, Mistral-style), as llama.cpp's `set_swa_pattern`;
     /// `{arch}.attention.sliding_window_pattern` overrides the period, or lists the layers as bools.
     Pattern {
         /// Layers per group of sliding layers and one global layer, when the file does not say.
         period: u32,
+        /// The window when the file has no `sliding_window` key (Gemma 2: 4096); `None`: no window.
+        default_window: Option<usize>,
     },
+}
+
+/// How the sliding-window layers rotate Q and K.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SwaRope {
+    /// As the global layers, unless the file's `{arch}.rope.freq_base_swa` gives another base
+    /// (Gemma 2: llama.cpp copies the global base and scale).
+    Global,
+    /// With `{arch}.rope.freq_base_swa`, else this base, and never scaled (Gemma 3: 10,000,
+    /// llama.cpp's `rope_freq_base_train_swa` default).
+    Base(f32),
+}
+
+/// Soft-capping `cap * tanh(x / cap)` of the attention scores or of the final logits, from
+/// `{arch}.attn_logit_softcapping` / `{arch}.final_logit_softcapping`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Softcap {
+    /// Never; the key is not read.
+    Off,
+    /// As the file says; off when the key is absent or 0 (Gemma 3 reads the final one).
+    FromFile,
+    /// As the file says, this cap when the key is absent (Gemma 2: 50 and 30, llama.cpp's defaults).
+    Default(f32),
 }
 
 /// The switches that tell one decoder-only transformer from another.
@@ -86,11 +111,12 @@ pub struct ArchSpec {
     pub attn_scale: AttnScale,
     /// Sliding-window layers.
     pub swa: Swa,
-    /// The file's `{arch}.final_logit_softcapping` applies (Gemma 2/3 read it; Gemma 3 files leave it out).
-    pub logit_softcap: bool,
-    /// RoPE base of the sliding-window layers when the file has no `{arch}.rope.freq_base_swa`
-    /// (llama.cpp's `rope_freq_base_train_swa` default, 10,000); their RoPE is never scaled.
-    pub rope_base_swa: f32,
+    /// RoPE of the sliding-window layers.
+    pub swa_rope: SwaRope,
+    /// Soft-capping of the attention scores (Gemma 2).
+    pub attn_softcap: Softcap,
+    /// Soft-capping of the final logits (Gemma 2; Gemma 3 reads the key, its files leave it out).
+    pub logit_softcap: Softcap,
 }
 
 /// The row every architecture starts from: a Llama-style decoder (normal RoPE, pre-norms only,
@@ -107,8 +133,9 @@ pub const BASE: ArchSpec = ArchSpec {
     embd_scale: EmbdScale::One,
     attn_scale: AttnScale::HeadDim,
     swa: Swa::None,
-    logit_softcap: false,
-    rope_base_swa: 10_000.0,
+    swa_rope: SwaRope::Global,
+    attn_softcap: Softcap::Off,
+    logit_softcap: Softcap::Off,
 };
 
 /// Every architecture Hearth runs.
@@ -138,8 +165,27 @@ pub const ARCHS: &[ArchSpec] = &[
         moe_norm_topk: true,
         ..BASE
     },
-    // As llama.cpp's `llama_model_gemma3` and HF `Gemma3ForCausalLM` (text): five sliding layers
-    // per global one, GELU (tanh) FFN, pre- and post-norms, embeddings scaled by sqrt(n_embd).
+    // As llama.cpp's `llama_model_gemma2` and HF `Gemma2ForCausalLM`: sliding and global layers
+    // alternate (window 4096 unless the file says), GELU (tanh) FFN, pre- and post-norms,
+    // embeddings scaled by sqrt(n_embd), attention scores and final logits soft-capped.
+    ArchSpec {
+        name: "gemma2",
+        rope: RopeStyle::Neox,
+        post_norms: Presence::Required,
+        act: Activation::GeluTanh,
+        embd_scale: EmbdScale::SqrtEmbd,
+        attn_scale: AttnScale::EmbdPerHeadAtLayers(46),
+        swa: Swa::Pattern {
+            period: 2,
+            default_window: Some(4096),
+        },
+        attn_softcap: Softcap::Default(50.0),
+        logit_softcap: Softcap::Default(30.0),
+        ..BASE
+    },
+    // As llama.cpp's `llama_model_gemma3` and HF `Gemma3ForCausalLM` (text): Gemma 2 with five
+    // sliding layers per global one (when the file has a window), a local RoPE base of its own,
+    // per-head Q/K norms and no attention soft-capping.
     ArchSpec {
         name: "gemma3",
         rope: RopeStyle::Neox,
@@ -148,8 +194,12 @@ pub const ARCHS: &[ArchSpec] = &[
         act: Activation::GeluTanh,
         embd_scale: EmbdScale::SqrtEmbd,
         attn_scale: AttnScale::EmbdPerHeadAtLayers(62),
-        swa: Swa::Pattern { period: 6 },
-        logit_softcap: true,
+        swa: Swa::Pattern {
+            period: 6,
+            default_window: None,
+        },
+        swa_rope: SwaRope::Base(10_000.0),
+        logit_softcap: Softcap::FromFile,
         ..BASE
     },
 ];
@@ -171,7 +221,10 @@ mod tests {
     #[test]
     fn table_is_exhaustive_and_unique() {
         let names: Vec<_> = ARCHS.iter().map(|a| a.name).collect();
-        assert_eq!(names, ["llama", "qwen2", "qwen3", "qwen3moe", "gemma3"]);
+        assert_eq!(
+            names,
+            ["llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3"]
+        );
         for n in names {
             assert_eq!(arch_spec(n).unwrap().name, n);
         }
@@ -180,6 +233,9 @@ mod tests {
             arch_spec("").is_none(),
             "the base row is not an architecture"
         );
-        assert_eq!(arch_names(), "llama, qwen2, qwen3, qwen3moe, gemma3");
+        assert_eq!(
+            arch_names(),
+            "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3"
+        );
     }
 }

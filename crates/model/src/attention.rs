@@ -26,7 +26,7 @@ use hearth_quant::Level;
 
 use crate::config::Config;
 use crate::kv_cache::{KvCache, Rows};
-use crate::ops::exp;
+use crate::ops::{exp, tanh};
 use crate::threads::{SharedMut, ThreadPool};
 
 /// Key positions per block (the score vector of one query against one block).
@@ -69,6 +69,29 @@ pub(crate) struct AttnRows<'a> {
     pub seq: &'a [usize],
     /// The scale of the scores `q · k`.
     pub scale: f32,
+    /// Soft-capping of the scaled scores, `cap * tanh(s / cap)` (Gemma 2).
+    pub softcap: Option<f32>,
+}
+
+/// How a block's raw scores `q · k` become the softmax's inputs: `s * scale`, or, with a cap,
+/// `cap * tanh(s * scale)` where `scale` has been divided by the cap (ggml's flash attention).
+#[derive(Clone, Copy, Debug)]
+struct Scale {
+    scale: f32,
+    /// 0: no capping.
+    cap: f32,
+}
+
+impl Scale {
+    fn new(scale: f32, softcap: Option<f32>) -> Scale {
+        match softcap {
+            None => Scale { scale, cap: 0.0 },
+            Some(cap) => Scale {
+                scale: scale / cap,
+                cap,
+            },
+        }
+    }
 }
 
 /// Attention of every row over its own key range `[lo, pos]` of its sequence's cache at layer `l`,
@@ -111,7 +134,7 @@ pub(crate) fn attend(
     let hpt = group / split; // query heads per task
     let n_tasks = blocks.len() * c.n_head_kv * split;
     debug_assert!((0..n).all(|t| r.lo[t] <= r.pos[t]));
-    let scale = r.scale;
+    let scale = Scale::new(r.scale, r.softcap);
     let blocks = &blocks[..];
     let out = SharedMut::new(&mut out[..n * od]);
     let level = hearth_quant::kernel_level();
@@ -357,7 +380,7 @@ fn block(
     vals: &[f32],
     live: Range<usize>,
     q: &[f32],
-    scale: f32,
+    scale: Scale,
     state: &mut [f32],
 ) {
     block_n::<1>(level, kt, vals, live, [q], scale, [state])
@@ -372,7 +395,7 @@ fn block_n<const N: usize>(
     vals: &[f32],
     live: Range<usize>,
     q: [&[f32]; N],
-    scale: f32,
+    scale: Scale,
     state: [&mut [f32]; N],
 ) {
     #[cfg(target_arch = "x86_64")]
@@ -395,7 +418,7 @@ unsafe fn block_avx512<const N: usize>(
     vals: &[f32],
     live: Range<usize>,
     q: [&[f32]; N],
-    scale: f32,
+    scale: Scale,
     state: [&mut [f32]; N],
 ) {
     block_body::<N, Avx512Soft>(kt, vals, live, q, scale, state)
@@ -408,7 +431,7 @@ unsafe fn block_avx2<const N: usize>(
     vals: &[f32],
     live: Range<usize>,
     q: [&[f32]; N],
-    scale: f32,
+    scale: Scale,
     state: [&mut [f32]; N],
 ) {
     block_body::<N, ScalarSoft>(kt, vals, live, q, scale, state)
@@ -417,12 +440,12 @@ unsafe fn block_avx2<const N: usize>(
 /// A block's softmax steps, per kernel level; every level gives the same bits (the scalar code's
 /// operations lane by lane; a maximum does not depend on the order it is taken in).
 trait Soft {
-    /// Scales the scores `ks..kc` by `scale` and returns their maximum (`-inf` if none); the
+    /// Scales (and caps) the scores `ks..kc` and returns their maximum (`-inf` if none); the
     /// others are left as they are.
     ///
     /// # Safety
     /// The CPU must have the level's features.
-    unsafe fn scale_max(s: &mut [f32; KEYS], ks: usize, kc: usize, scale: f32) -> f32;
+    unsafe fn scale_max(s: &mut [f32; KEYS], ks: usize, kc: usize, sc: Scale) -> f32;
     /// `p[k] = exp(s[k] - m)` for every key lane.
     ///
     /// # Safety
@@ -435,11 +458,18 @@ struct ScalarSoft;
 
 impl Soft for ScalarSoft {
     #[inline(always)]
-    unsafe fn scale_max(s: &mut [f32; KEYS], ks: usize, kc: usize, scale: f32) -> f32 {
+    unsafe fn scale_max(s: &mut [f32; KEYS], ks: usize, kc: usize, sc: Scale) -> f32 {
         let mut bmax = f32::NEG_INFINITY;
-        for x in &mut s[ks..kc] {
-            *x *= scale;
-            bmax = bmax.max(*x);
+        if sc.cap == 0.0 {
+            for x in &mut s[ks..kc] {
+                *x *= sc.scale;
+                bmax = bmax.max(*x);
+            }
+        } else {
+            for x in &mut s[ks..kc] {
+                *x = sc.cap * tanh(*x * sc.scale);
+                bmax = bmax.max(*x);
+            }
         }
         bmax
     }
@@ -461,9 +491,10 @@ struct Avx512Soft;
 impl Soft for Avx512Soft {
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-    unsafe fn scale_max(s: &mut [f32; KEYS], ks: usize, kc: usize, scale: f32) -> f32 {
+    unsafe fn scale_max(s: &mut [f32; KEYS], ks: usize, kc: usize, sc: Scale) -> f32 {
         use std::arch::x86_64::*;
-        let sc = _mm512_set1_ps(scale);
+        let (capped, cap) = (sc.cap != 0.0, _mm512_set1_ps(sc.cap));
+        let sc = _mm512_set1_ps(sc.scale);
         let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
         for c in 0..KEYS / 16 {
             // Lanes `ks..kc` of this chunk of 16.
@@ -480,7 +511,10 @@ impl Soft for Avx512Soft {
             let upto: u32 = if hi == 16 { !0 } else { (1 << hi) - 1 };
             let mask = (upto & !((1u32 << lo) - 1)) as __mmask16;
             let ptr = s.as_mut_ptr().add(16 * c);
-            let v = _mm512_mul_ps(_mm512_loadu_ps(ptr), sc);
+            let mut v = _mm512_mul_ps(_mm512_loadu_ps(ptr), sc);
+            if capped {
+                v = _mm512_mul_ps(cap, tanh16(v));
+            }
             _mm512_mask_storeu_ps(ptr, mask, v);
             mx = _mm512_mask_max_ps(mx, mask, mx, v);
         }
@@ -544,6 +578,20 @@ unsafe fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     _mm512_maskz_mov_ps(!under, _mm512_mul_ps(y, pow2))
 }
 
+/// [`tanh`] in each lane, the same operations in the same order.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn tanh16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let one = _mm512_set1_ps(1.0);
+    let e = exp16(_mm512_mul_ps(_mm512_set1_ps(2.0), x));
+    _mm512_sub_ps(
+        one,
+        _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, one)),
+    )
+}
+
 /// Output elements accumulated in registers at a time.
 const OUT_CHUNK: usize = 64;
 
@@ -553,7 +601,7 @@ fn block_body<const N: usize, S: Soft>(
     vals: &[f32],
     live: Range<usize>,
     q: [&[f32]; N],
-    scale: f32,
+    scale: Scale,
     state: [&mut [f32]; N],
 ) {
     let hd = q[0].len();
@@ -651,7 +699,9 @@ mod tests {
                 })
                 .collect();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            for (ks, kc) in [
+            // Plain and soft-capped scores (a cap that bites: scaled scores reach ~3).
+            let scales = [Scale::new(0.125, None), Scale::new(0.125, Some(0.7))];
+            let live = [
                 (0, 1),
                 (0, 5),
                 (0, 17),
@@ -661,7 +711,8 @@ mod tests {
                 (16, 33),
                 (40, KEYS),
                 (63, KEYS),
-            ] {
+            ];
+            for (sc, (ks, kc)) in scales.iter().flat_map(|&sc| live.map(|l| (sc, l))) {
                 let vals = &vals[..kc * hdv];
                 let fresh = || {
                     let mut st = vec![0f32; hdv + 2];
@@ -672,29 +723,33 @@ mod tests {
                     .iter()
                     .map(|q| {
                         let mut st = fresh();
-                        block_body::<1, ScalarSoft>(&kt, vals, ks..kc, [q], 0.125, [&mut st]);
-                        block_body::<1, ScalarSoft>(&kt, vals, ks..kc, [q], 0.125, [&mut st]);
+                        block_body::<1, ScalarSoft>(&kt, vals, ks..kc, [q], sc, [&mut st]);
+                        block_body::<1, ScalarSoft>(&kt, vals, ks..kc, [q], sc, [&mut st]);
                         st
                     })
                     .collect();
                 for level in hearth_quant::simd::available_levels() {
                     let mut got = fresh();
-                    block(level, &kt, vals, ks..kc, &qs[0], 0.125, &mut got);
-                    block(level, &kt, vals, ks..kc, &qs[0], 0.125, &mut got);
-                    assert_eq!(bits(&got), bits(&want[0]), "level {level}, keys {ks}..{kc}");
+                    block(level, &kt, vals, ks..kc, &qs[0], sc, &mut got);
+                    block(level, &kt, vals, ks..kc, &qs[0], sc, &mut got);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want[0]),
+                        "level {level}, {sc:?}, keys {ks}..{kc}"
+                    );
                     let mut four: Vec<Vec<f32>> = (0..4).map(|_| fresh()).collect();
                     for _ in 0..2 {
                         let q: [&[f32]; 4] = std::array::from_fn(|n| &qs[n][..]);
                         let mut it = four.iter_mut();
                         let st: [&mut [f32]; 4] =
                             std::array::from_fn(|_| &mut it.next().unwrap()[..]);
-                        block_n::<4>(level, &kt, vals, ks..kc, q, 0.125, st);
+                        block_n::<4>(level, &kt, vals, ks..kc, q, sc, st);
                     }
                     for n in 0..4 {
                         assert_eq!(
                             bits(&four[n]),
                             bits(&want[n]),
-                            "level {level}, keys {ks}..{kc}, {n}"
+                            "level {level}, {sc:?}, keys {ks}..{kc}, {n}"
                         );
                     }
                 }
@@ -743,7 +798,7 @@ mod tests {
     #[test]
     fn block_is_softmax_attention() {
         // Blocks of one query against keys `lo..70` equal a direct softmax-weighted sum (f64):
-        // the whole range, and windows that start inside the first or the second block.
+        // the whole range, windows that start inside the first or the second block, capped scores.
         let (hd, hdv, n) = (16, 8, 70);
         let keys: Vec<Vec<f32>> = (0..n)
             .map(|j| {
@@ -761,7 +816,15 @@ mod tests {
             .collect();
         let q: Vec<f32> = (0..hd).map(|d| (d as f32 * 0.5).cos()).collect();
         let scale = 0.25;
-        for lo in [0, 9, 64, 69] {
+        let cases = [
+            (0, None),
+            (9, None),
+            (64, None),
+            (69, None),
+            (0, Some(0.5)),
+            (9, Some(2.0)),
+        ];
+        for (lo, cap) in cases {
             let mut state = vec![0f32; hdv + 2];
             state[hdv] = f32::NEG_INFINITY;
             for k0 in (lo / KEYS * KEYS..n).step_by(KEYS) {
@@ -776,11 +839,20 @@ mod tests {
                 }
                 let ks = lo.saturating_sub(k0);
                 let level = hearth_quant::kernel_level();
-                block(level, &kt, &vb, ks..kc, &q, scale, &mut state);
+                block(
+                    level,
+                    &kt,
+                    &vb,
+                    ks..kc,
+                    &q,
+                    Scale::new(scale, cap),
+                    &mut state,
+                );
             }
             let scores: Vec<f64> = keys[lo..]
                 .iter()
                 .map(|k| k.iter().zip(&q).map(|(a, b)| (a * b) as f64).sum::<f64>() * scale as f64)
+                .map(|s| cap.map_or(s, |c: f32| c as f64 * (s / c as f64).tanh()))
                 .collect();
             let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let w: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
@@ -790,7 +862,7 @@ mod tests {
                 let got = state[e] as f64 / state[hdv + 1] as f64;
                 assert!(
                     (got - want).abs() < 1e-5,
-                    "lo {lo}, element {e}: {got} vs {want}"
+                    "lo {lo}, cap {cap:?}, element {e}: {got} vs {want}"
                 );
             }
         }

@@ -2,7 +2,7 @@
 
 use hearth_gguf::Metadata;
 
-use crate::arch::{arch_spec, ArchSpec, AttnScale, EmbdScale, FfnKind, Swa};
+use crate::arch::{arch_spec, ArchSpec, AttnScale, EmbdScale, FfnKind, Softcap, Swa, SwaRope};
 use crate::error::ModelError;
 use crate::rope::{RopeConfig, Yarn};
 
@@ -32,6 +32,8 @@ pub struct LayerConfig {
     pub rope: usize,
     /// The scale of the attention scores `q · k`.
     pub attn_scale: f32,
+    /// Soft-capping of the scaled scores, `cap * tanh(s / cap)` (Gemma 2).
+    pub attn_softcap: Option<f32>,
 }
 
 /// Everything the decoder needs to know about a model's shape.
@@ -58,7 +60,7 @@ pub struct Config {
     /// RMSNorm epsilon.
     pub rms_eps: f32,
     /// The RoPE tables layers pick from ([`LayerConfig::rope`]): the model's, then the sliding-window
-    /// layers' when they differ (Gemma 3: base 10,000, never scaled). Frequency factors are attached
+    /// layers' when they have their own (Gemma 3: base 10,000, never scaled). Frequency factors are attached
     /// by the loader. Every table rotates the same `n_rot` dimensions.
     pub ropes: Vec<RopeConfig>,
     /// Per-layer attributes `[n_layer]`.
@@ -270,30 +272,38 @@ impl Config {
             Swa::Pattern { .. } if meta.get_u64(&key("attention.sliding_window")) == Some(0) => {
                 None
             }
-            Swa::Pattern { .. } => opt_usize("attention.sliding_window")?,
+            Swa::Pattern { default_window, .. } => {
+                opt_usize("attention.sliding_window")?.or(default_window)
+            }
         };
         let swa_layers = match (arch.swa, window) {
-            (Swa::Pattern { period }, Some(_)) => swa_pattern(meta, &key, n_layer, period)?,
+            (Swa::Pattern { period, .. }, Some(_)) => swa_pattern(meta, &key, n_layer, period)?,
             _ => vec![false; n_layer],
         };
         let mut ropes = vec![rope];
         if swa_layers.contains(&true) {
-            let base = meta
-                .get_f32(&key("rope.freq_base_swa"))
-                .unwrap_or(arch.rope_base_swa);
-            if !(base.is_finite() && base > 1.0) {
-                return Err(ModelError::Hyperparameter {
-                    key: key("rope.freq_base_swa"),
-                    detail: Some(format!("{base}")),
+            let file_base = meta.get_f32(&key("rope.freq_base_swa"));
+            let local = match (arch.swa_rope, file_base) {
+                (SwaRope::Global, None) => None,
+                // llama.cpp: Gemma 2's local layers keep the global scale.
+                (SwaRope::Global, Some(base)) => Some((base, ropes[0].freq_scale)),
+                // llama.cpp: `rope_freq_scale_train_swa` is 1.
+                (SwaRope::Base(default), base) => Some((base.unwrap_or(default), 1.0)),
+            };
+            if let Some((freq_base, freq_scale)) = local {
+                if !(freq_base.is_finite() && freq_base > 1.0) {
+                    return Err(ModelError::Hyperparameter {
+                        key: key("rope.freq_base_swa"),
+                        detail: Some(format!("{freq_base}")),
+                    });
+                }
+                // YaRN's other parameters are the context's, shared by every layer.
+                ropes.push(RopeConfig {
+                    freq_base,
+                    freq_scale,
+                    ..ropes[0].clone()
                 });
             }
-            // llama.cpp: `rope_freq_scale_train_swa` is 1; YaRN's other parameters are the
-            // context's, shared by every layer.
-            ropes.push(RopeConfig {
-                freq_base: base,
-                freq_scale: 1.0,
-                ..ropes[0].clone()
-            });
         }
         let attn_scale = match arch.attn_scale {
             AttnScale::EmbdPerHeadAtLayers(n) if n == n_layer => {
@@ -301,33 +311,22 @@ impl Config {
             }
             _ => 1.0 / (head_dim as f32).sqrt(),
         };
+        let attn_softcap = softcap(meta, &key, "attn_logit_softcapping", arch.attn_softcap)?;
+        let local_rope = ropes.len() - 1;
         let layers = swa_layers
             .iter()
             .map(|&swa| LayerConfig {
                 window: if swa { window } else { None },
-                rope: if swa { 1 } else { 0 },
+                rope: if swa { local_rope } else { 0 },
                 attn_scale,
+                attn_softcap,
             })
             .collect();
         let embd_scale = match arch.embd_scale {
             EmbdScale::One => 1.0,
             EmbdScale::SqrtEmbd => (n_embd as f32).sqrt(),
         };
-        let logit_softcap = if arch.logit_softcap {
-            match meta.get_f32(&key("final_logit_softcapping")) {
-                // llama.cpp: a cap of 0 turns soft-capping off.
-                None | Some(0.0) => None,
-                Some(c) if c.is_finite() && c > 0.0 => Some(c),
-                Some(c) => {
-                    return Err(ModelError::Hyperparameter {
-                        key: key("final_logit_softcapping"),
-                        detail: Some(format!("{c}")),
-                    })
-                }
-            }
-        } else {
-            None
-        };
+        let logit_softcap = softcap(meta, &key, "final_logit_softcapping", arch.logit_softcap)?;
 
         Ok(Config {
             arch,
@@ -400,4 +399,27 @@ fn swa_pattern(
     Ok((0..n_layer as u32)
         .map(|l| period == 0 || l % period < period - 1)
         .collect())
+}
+
+/// A soft-cap as `spec` says: the file's `{arch}.{name}`, its default when absent; 0 turns it off
+/// (as in llama.cpp).
+fn softcap(
+    meta: &Metadata,
+    key: &dyn Fn(&str) -> String,
+    name: &str,
+    spec: Softcap,
+) -> Result<Option<f32>, ModelError> {
+    let cap = match spec {
+        Softcap::Off => return Ok(None),
+        Softcap::FromFile => meta.get_f32(&key(name)),
+        Softcap::Default(d) => Some(meta.get_f32(&key(name)).unwrap_or(d)),
+    };
+    match cap {
+        None | Some(0.0) => Ok(None),
+        Some(c) if c.is_finite() && c > 0.0 => Ok(Some(c)),
+        Some(c) => Err(ModelError::Hyperparameter {
+            key: key(name),
+            detail: Some(format!("{c}")),
+        }),
+    }
 }

@@ -415,6 +415,7 @@ impl Model {
             lo: &s.lo[..n],
             seq: b.seq,
             scale: lc.attn_scale,
+            softcap: lc.attn_softcap,
         };
         attend(pool, c, kv, l, &rows, &mut s.attn_blocks, &mut s.attn);
         let od = c.n_head * c.head_dim_v;

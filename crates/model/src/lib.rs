@@ -1,9 +1,9 @@
 //! The model: architectures as data, weights bound onto the mmap, and one decoder for all of them.
 //!
-//! - [`arch`]: the [`ArchSpec`] table (`llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma3`), each row
+//! - [`arch`]: the [`ArchSpec`] table (`llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`), each row
 //!   written as its differences from a Llama-style base row — the switches that tell architectures
 //!   apart (RoPE style, QKV bias, Q/K norm, post-norms, dense or routed FFN, its activation,
-//!   embedding and attention scales, which layers slide).
+//!   embedding and attention scales, soft-caps, which layers slide).
 //! - [`Config`]: hyperparameters from `{arch}.*` metadata, RoPE scaling included, and per layer
 //!   ([`LayerConfig`]) the sliding window, the RoPE table and the attention scale.
 //! - [`Model`]: tensors bound by [`TensorRole`], checked up front; every problem reported at once.

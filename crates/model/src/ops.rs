@@ -156,6 +156,14 @@ pub fn exp(x: f32) -> f32 {
     }
 }
 
+/// `tanh(x)` as `1 - 2 / (e^(2x) + 1)` with [`exp`]: the same operations on every target, so the
+/// attention kernels' vector form gives the same bits (libm's `tanhf` differs between platforms).
+/// Within 2e-7 of the exact value (absolute), which is what scores soft-capped at a few tens need.
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    1.0 - 2.0 / (exp(2.0 * x) + 1.0)
+}
+
 /// Softmax of a row in place (max subtracted, sum in f64, as ggml's `soft_max`).
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -234,6 +242,18 @@ mod tests {
         assert_eq!(gelu_tanh(0.0), 0.0);
         assert_eq!(gelu_tanh(100.0), 100.0);
         assert!(gelu_tanh(-100.0).abs() < 1e-30);
+    }
+
+    #[test]
+    fn tanh_is_close_to_std() {
+        let mut x = -30.0f32;
+        while x <= 30.0 {
+            let want = (x as f64).tanh();
+            let got = tanh(x) as f64;
+            assert!((got - want).abs() < 2e-7, "tanh({x}) = {got}, want {want}");
+            x += 0.0071;
+        }
+        assert_eq!((tanh(0.0), tanh(100.0), tanh(-100.0)), (0.0, 1.0, -1.0));
     }
 
     #[test]

@@ -153,3 +153,14 @@ fn gemma3_is_batch_invariant() {
     let model = Model::load(tiny.build(3)).unwrap();
     assert_model_invariant("tiny gemma3 q8_0", &model);
 }
+
+#[test]
+fn gemma2_is_batch_invariant() {
+    // Soft-capped attention scores (the kernels' tanh) and logits, on 8-bit activations.
+    let tiny = common::Tiny {
+        ty: hearth_quant::GgmlType::Q8_0,
+        ..common::Tiny::gemma2()
+    };
+    let model = Model::load(tiny.build(5)).unwrap();
+    assert_model_invariant("tiny gemma2 q8_0", &model);
+}

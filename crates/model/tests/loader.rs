@@ -222,3 +222,36 @@ fn gemma3_layers_from_the_metadata() {
         );
     }
 }
+
+#[test]
+fn gemma2_defaults_as_llama_cpp() {
+    use common::Tiny;
+    // Without the keys: a window of 4096 on every other layer, the global RoPE table for all,
+    // attention and logits capped at 50 and 30.
+    let bare = Tiny {
+        extra: vec![],
+        ..Tiny::gemma2()
+    };
+    let c = Model::load(bare.build(1)).unwrap().config;
+    let w: Vec<Option<usize>> = c.layers.iter().map(|l| l.window).collect();
+    assert_eq!(w, [Some(4096), None, Some(4096), None]);
+    assert_eq!(c.ropes.len(), 1);
+    assert!(c.layers.iter().all(|l| l.attn_softcap == Some(50.0)));
+    assert_eq!(c.logit_softcap, Some(30.0));
+    // The file's values; a local base of its own keeps the global scale.
+    let c = Model::load(
+        Tiny::gemma2()
+            .with("rope.freq_base_swa", Value::F32(500.0))
+            .build(1),
+    )
+    .unwrap()
+    .config;
+    assert_eq!(c.layers[0].window, Some(5));
+    assert_eq!(
+        (c.layers[0].attn_softcap, c.logit_softcap),
+        (Some(2.0), Some(3.0))
+    );
+    let local = &c.ropes[c.layers[0].rope];
+    assert_eq!((local.freq_base, local.freq_scale), (500.0, 1.0));
+    assert_eq!(c.ropes[c.layers[1].rope].freq_base, 10_000.0);
+}

@@ -144,6 +144,40 @@ fn gemma3() {
 }
 
 #[test]
+fn gemma2() {
+    agrees("gemma2", &Tiny::gemma2());
+}
+
+#[test]
+fn gemma2_caps_are_caught() {
+    // The attention cap (a kernel step) and the final cap each move the logits far past the bound.
+    let tiny = Tiny::gemma2();
+    let gguf = tiny.build(7);
+    let model = Model::load(gguf.clone()).unwrap();
+    let seqs = sequences(tiny.n_vocab);
+    let got = decoder(&model, &seqs, 9);
+    for (what, mutate) in [
+        (
+            "attention not capped",
+            (|h| h.attn_softcap = None) as fn(&mut reference::Hparams),
+        ),
+        ("logits not capped", |h| h.softcap = None),
+        ("every layer global", |h| {
+            h.window.iter_mut().for_each(|w| *w = None)
+        }),
+    ] {
+        let mut r = Reference::new(&gguf);
+        mutate(&mut r.hp);
+        let w = worst(&got, &reference(&r, &seqs));
+        println!("{what}: {w:.2e}");
+        assert!(
+            w > 100.0 * TOLERANCE,
+            "{what}: only {w:.2e} from the decoder"
+        );
+    }
+}
+
+#[test]
 fn gemma3_with_soft_capping_and_a_listed_pattern() {
     // Gemma 2's final soft-capping (llama.cpp's gemma3 reads the key too), a low cap so it bites;
     // the sliding layers given as a list; a local RoPE base of the file's.

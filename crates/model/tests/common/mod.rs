@@ -110,6 +110,25 @@ impl Tiny {
         }
     }
 
+    /// Gemma 2: four layers (0 and 2 slide), a window of 5, no Q/K norms, post-norms, the attention
+    /// scores and final logits soft-capped low enough (2 and 3) that random weights reach the caps.
+    pub fn gemma2() -> Tiny {
+        Tiny {
+            n_layer: 4,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 32,
+            post_norms: true,
+            tied: true,
+            extra: vec![
+                ("attention.sliding_window", Value::U32(5)),
+                ("attn_logit_softcapping", Value::F32(2.0)),
+                ("final_logit_softcapping", Value::F32(3.0)),
+            ],
+            ..Tiny::base("gemma2")
+        }
+    }
+
     /// A `{arch}.*` key added (or replaced).
     pub fn with(mut self, key: &'static str, value: Value) -> Tiny {
         self.extra.retain(|(k, _)| *k != key);
@@ -168,7 +187,7 @@ impl Tiny {
             b.tensor(name, ty, &dims, encode(ty, &vals, dims[0] as usize))
         };
         // Gemma scales the embeddings by sqrt(n_embd): draw them small so the stream stays near 1.
-        let embd_std = if a == "gemma3" { std(d) } else { 1.0 };
+        let embd_std = if a.starts_with("gemma") { std(d) } else { 1.0 };
         b = t(
             b,
             "token_embd.weight".into(),

@@ -27,6 +27,8 @@ pub struct Hparams {
     pub embd_scale: f32,
     /// GELU (tanh) in the gated FFN, else SiLU.
     pub gelu: bool,
+    /// Soft-capping of the attention scores.
+    pub attn_softcap: Option<f32>,
     /// Final logit soft-capping.
     pub softcap: Option<f32>,
     /// Routed experts: (count, used, renormalise the top-k weights, weights scale).
@@ -53,26 +55,36 @@ impl Hparams {
             "the reference has no RoPE scaling"
         );
         let base = meta.get_f32(&k("rope.freq_base")).unwrap_or(10_000.0);
-        let gemma = arch == "gemma3";
+        let (gemma2, gemma3) = (arch == "gemma2", arch == "gemma3");
+        let gemma = gemma2 || gemma3;
 
         // Gemma 3 (llama.cpp `llama_model_gemma3`): with a window, layer l slides unless
         // l % 6 == 5 (or as the file's pattern says), and sliding layers rotate with base 10,000.
-        let n_swa = if gemma {
-            u(meta, &k("attention.sliding_window")).filter(|&w| w > 0)
-        } else {
-            None
+        // Gemma 2 (`llama_model_gemma2`): a window of 4096 unless the file says, every other
+        // layer slides, at the global base.
+        let n_swa = match arch {
+            "gemma3" => u(meta, &k("attention.sliding_window")).filter(|&w| w > 0),
+            "gemma2" => Some(u(meta, &k("attention.sliding_window")).unwrap_or(4096)),
+            _ => None,
         };
         let sliding: Vec<bool> = match (n_swa, meta.get(&k("attention.sliding_window_pattern"))) {
             (None, _) => vec![false; n_layer],
             (Some(_), Some(Value::Array(Array::Bool(v)))) => v.clone(),
             (Some(_), p) => {
-                let period = p.and_then(Value::as_u32).unwrap_or(6) as usize;
+                let period = p
+                    .and_then(Value::as_u32)
+                    .unwrap_or(if gemma2 { 2 } else { 6 }) as usize;
                 (0..n_layer)
                     .map(|l| period == 0 || l % period < period - 1)
                     .collect()
             }
         };
-        let base_swa = meta.get_f32(&k("rope.freq_base_swa")).unwrap_or(10_000.0);
+        let base_swa =
+            meta.get_f32(&k("rope.freq_base_swa"))
+                .unwrap_or(if gemma2 { base } else { 10_000.0 });
+        let cap = |key: &str, default: Option<f32>| {
+            meta.get_f32(&k(key)).or(default).filter(|&c| c > 0.0)
+        };
         let moe = (arch == "qwen3moe").then(|| {
             (
                 u(meta, &k("expert_count")).expect("expert_count"),
@@ -100,9 +112,8 @@ impl Hparams {
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             embd_scale: if gemma { (n_embd as f32).sqrt() } else { 1.0 },
             gelu: gemma,
-            softcap: meta
-                .get_f32(&k("final_logit_softcapping"))
-                .filter(|&c| gemma && c > 0.0),
+            attn_softcap: cap("attn_logit_softcapping", Some(50.0)).filter(|_| gemma2),
+            softcap: cap("final_logit_softcapping", gemma2.then_some(30.0)).filter(|_| gemma),
             moe,
         }
     }

@@ -160,6 +160,8 @@ impl<'a> Reference<'a> {
             let qh = &q[head * hd..(head + 1) * hd];
             let mut scores: Vec<f32> = (lo..=pos)
                 .map(|t| dot(qh, &cache.k[t][kvh * hd..(kvh + 1) * hd]) * hp.attn_scale)
+                // Gemma 2: scores soft-capped before the softmax.
+                .map(|s| hp.attn_softcap.map_or(s, |c| c * (s / c).tanh()))
                 .collect();
             softmax(&mut scores);
             let o = &mut out[head * hd..(head + 1) * hd];
