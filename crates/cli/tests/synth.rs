@@ -157,6 +157,32 @@ fn gemma3_tiny_loads_and_reads_back() {
 }
 
 #[test]
+fn gemma2_tiny_loads_and_reads_back() {
+    // Every other layer slides, at the global RoPE base; scores and logits soft-capped.
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(
+        dir.path(),
+        "gemma2.gguf",
+        &["gemma2-tiny", "--quant", "q8_0"],
+    );
+    let model = Model::open(&path).unwrap();
+    let c = &model.config;
+    assert_eq!(c.arch.name, "gemma2");
+    let windows: Vec<_> = c.layers.iter().map(|l| l.window).collect();
+    assert_eq!(windows, [Some(16), None, Some(16), None]);
+    assert_eq!(c.ropes.len(), 1);
+    assert_eq!(
+        (c.layers[0].attn_softcap, c.logit_softcap),
+        (Some(1.5), Some(3.0))
+    );
+    assert!(model
+        .layers
+        .iter()
+        .all(|l| l.q_norm.is_none() && l.attn_post_norm.is_some()));
+    check_with_gguf(&path, "gemma2-tiny", "q8_0", &[]);
+}
+
+#[test]
 fn same_seed_same_bytes_whatever_the_threads() {
     let dir = tempfile::tempdir().unwrap();
     let a = synth(
