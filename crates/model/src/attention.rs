@@ -6,8 +6,11 @@
 //! f32 once per task and block and reused by every (row, head) of the task; keys are transposed, so
 //! the scores of a query against a whole block are `head_dim` vector FMAs without horizontal sums.
 //!
-//! Each (row, head) runs an online softmax over its own positions `0..=pos`, block by block from
-//! position 0. An element's operations and their order depend only on that row's query, position
+//! Each row attends to its own key range `[lo, pos]` (`lo` is 0 for causal attention over the whole
+//! context, `pos + 1 - window` in a sliding-window layer). Each (row, head) runs an online softmax
+//! over its range, block by block in blocks aligned at multiples of [`KEYS`], so a block's keys
+//! before `lo` are masked and the blocks before it are never loaded: a sliding window costs nothing
+//! outside it. An element's operations and their order depend only on that row's query, key range
 //! and cache: not on the other rows of the task, the batch, the chunking of a prefill, the thread
 //! count or the SIMD level. The arithmetic is f32 with fused multiply-adds (`mul_add`, exactly
 //! rounded on every target) and a polynomial `exp`, so the AVX-512, AVX2 and scalar builds of the
@@ -15,6 +18,7 @@
 //! for the K·Q products when the cache holds f16.
 
 use std::cell::RefCell;
+use std::ops::Range;
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -22,7 +26,7 @@ use hearth_quant::Level;
 
 use crate::config::Config;
 use crate::kv_cache::{KvCache, Rows};
-use crate::ops::exp;
+use crate::ops::{exp, tanh};
 use crate::threads::{SharedMut, ThreadPool};
 
 /// Key positions per block (the score vector of one query against one block).
@@ -57,14 +61,41 @@ fn grow(v: &mut Vec<f32>, len: usize) {
 pub(crate) struct AttnRows<'a> {
     /// Queries `[n, n_head * head_dim]`.
     pub q: &'a [f32],
-    /// Position of each row.
+    /// Position of each row: its last key.
     pub pos: &'a [usize],
+    /// First key of each row (`<= pos`).
+    pub lo: &'a [usize],
     /// Sequence of each row.
     pub seq: &'a [usize],
+    /// The scale of the scores `q · k`.
+    pub scale: f32,
+    /// Soft-capping of the scaled scores, `cap * tanh(s / cap)` (Gemma 2).
+    pub softcap: Option<f32>,
 }
 
-/// Attention of every row over its own sequence's cache at layer `l`, written to `out`
-/// (`[n, n_head * head_dim_v]`). `blocks` is scratch for the task list.
+/// How a block's raw scores `q · k` become the softmax's inputs: `s * scale`, or, with a cap,
+/// `cap * tanh(s * scale)` where `scale` has been divided by the cap (ggml's flash attention).
+#[derive(Clone, Copy, Debug)]
+struct Scale {
+    scale: f32,
+    /// 0: no capping.
+    cap: f32,
+}
+
+impl Scale {
+    fn new(scale: f32, softcap: Option<f32>) -> Scale {
+        match softcap {
+            None => Scale { scale, cap: 0.0 },
+            Some(cap) => Scale {
+                scale: scale / cap,
+                cap,
+            },
+        }
+    }
+}
+
+/// Attention of every row over its own key range `[lo, pos]` of its sequence's cache at layer `l`,
+/// written to `out` (`[n, n_head * head_dim_v]`). `blocks` is scratch for the task list.
 pub(crate) fn attend(
     pool: &ThreadPool,
     c: &Config,
@@ -102,7 +133,8 @@ pub(crate) fn attend(
     }
     let hpt = group / split; // query heads per task
     let n_tasks = blocks.len() * c.n_head_kv * split;
-    let scale = 1.0 / (hd as f32).sqrt();
+    debug_assert!((0..n).all(|t| r.lo[t] <= r.pos[t]));
+    let scale = Scale::new(r.scale, r.softcap);
     let blocks = &blocks[..];
     let out = SharedMut::new(&mut out[..n * od]);
     let level = hearth_quant::kernel_level();
@@ -114,6 +146,9 @@ pub(crate) fn attend(
         let (t0, t1) = (blocks[b].0 as usize, blocks[b].1 as usize);
         let s = r.seq[t0];
         let max_len = (t0..t1).map(|t| r.pos[t] + 1).max().unwrap_or(0);
+        // The first block any row of the task reads, aligned so a row's blocks do not depend on
+        // the other rows.
+        let first = (t0..t1).map(|t| r.lo[t]).min().unwrap_or(0) / KEYS * KEYS;
         let keys = kv.keys(s, l, max_len);
         let values = kv.values(s, l, max_len);
         BUFS.with(|bufs| {
@@ -147,7 +182,7 @@ pub(crate) fn attend(
                     st[hdv] = f32::NEG_INFINITY;
                 }
             }
-            for k0 in (0..max_len).step_by(KEYS) {
+            for k0 in (first..max_len).step_by(KEYS) {
                 let kn = KEYS.min(max_len - k0);
                 let at = KvAt {
                     k0,
@@ -167,12 +202,13 @@ pub(crate) fn attend(
                     hdv,
                 );
                 for (i, t) in (t0..t1).enumerate() {
-                    let len = r.pos[t] + 1;
-                    if len <= k0 {
+                    let (len, lo) = (r.pos[t] + 1, r.lo[t]);
+                    if len <= k0 || lo >= k0 + KEYS {
                         continue;
                     }
-                    let kc = KEYS.min(len - k0);
-                    // The row's query heads four at a time (same keys, same `kc`), then one by one.
+                    // The row's live keys of the block: `ks..kc`.
+                    let (ks, kc) = (lo.saturating_sub(k0), KEYS.min(len - k0));
+                    // The row's query heads four at a time (same keys `ks..kc`), then one by one.
                     let mut j = 0;
                     while j < hpt {
                         let qi = i * hpt + j;
@@ -183,12 +219,12 @@ pub(crate) fn attend(
                             let mut st = state[qi * sw..(qi + 4) * sw].chunks_exact_mut(sw);
                             let st: [&mut [f32]; 4] =
                                 std::array::from_fn(|_| st.next().expect("4 states"));
-                            block_n::<4>(level, kt, vals, kc, q, scale, st);
+                            block_n::<4>(level, kt, vals, ks..kc, q, scale, st);
                             j += 4;
                         } else {
                             let q = &qs[qi * hd..(qi + 1) * hd];
                             let st = &mut state[qi * sw..(qi + 1) * sw];
-                            block(level, kt, vals, kc, q, scale, st);
+                            block(level, kt, vals, ks..kc, q, scale, st);
                             j += 1;
                         }
                     }
@@ -334,44 +370,45 @@ fn to_f32(rows: &Rows, at: usize, dst: &mut [f32]) {
     }
 }
 
-/// One block of keys for one query: the scores `q · k * scale` of the first `kc` keys of the block
-/// (`kt`: `[head_dim, KEYS]`), then the online-softmax update of `state` (`[head_dim_v]` output
-/// accumulator, running max, running sum) with the block's values (`vals`: `[kc, head_dim_v]`).
+/// One block of keys for one query: the scores `q · k * scale` of the block's live keys `live`
+/// (lanes `ks..kc` of `kt`: `[head_dim, KEYS]`; `ks` > 0 where a sliding window starts inside the
+/// block), then the online-softmax update of `state` (`[head_dim_v]` output accumulator, running
+/// max, running sum) with their values (`vals`: `[kc, head_dim_v]`, the rows before `ks` unread).
 fn block(
     level: Level,
     kt: &[f32],
     vals: &[f32],
-    kc: usize,
+    live: Range<usize>,
     q: &[f32],
-    scale: f32,
+    scale: Scale,
     state: &mut [f32],
 ) {
-    block_n::<1>(level, kt, vals, kc, [q], scale, [state])
+    block_n::<1>(level, kt, vals, live, [q], scale, [state])
 }
 
-/// [`block`] for `N` queries at once (query heads of one row, so the same `kc`): every key and
+/// [`block`] for `N` queries at once (query heads of one row, so the same keys): every key and
 /// value loaded serves the `N` of them. Each query's operations are those of [`block`], in the
 /// same order, so the results are the same bits.
 fn block_n<const N: usize>(
     level: Level,
     kt: &[f32],
     vals: &[f32],
-    kc: usize,
+    live: Range<usize>,
     q: [&[f32]; N],
-    scale: f32,
+    scale: Scale,
     state: [&mut [f32]; N],
 ) {
     #[cfg(target_arch = "x86_64")]
     {
         match level {
             // SAFETY: the level is at most what the CPU supports (hearth_quant checks).
-            Level::Avx512 => return unsafe { block_avx512::<N>(kt, vals, kc, q, scale, state) },
-            Level::Avx2 => return unsafe { block_avx2::<N>(kt, vals, kc, q, scale, state) },
+            Level::Avx512 => return unsafe { block_avx512::<N>(kt, vals, live, q, scale, state) },
+            Level::Avx2 => return unsafe { block_avx2::<N>(kt, vals, live, q, scale, state) },
             Level::Scalar => {}
         }
     }
     let _ = level;
-    block_body::<N, ScalarSoft>(kt, vals, kc, q, scale, state)
+    block_body::<N, ScalarSoft>(kt, vals, live, q, scale, state)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -379,12 +416,12 @@ fn block_n<const N: usize>(
 unsafe fn block_avx512<const N: usize>(
     kt: &[f32],
     vals: &[f32],
-    kc: usize,
+    live: Range<usize>,
     q: [&[f32]; N],
-    scale: f32,
+    scale: Scale,
     state: [&mut [f32]; N],
 ) {
-    block_body::<N, Avx512Soft>(kt, vals, kc, q, scale, state)
+    block_body::<N, Avx512Soft>(kt, vals, live, q, scale, state)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -392,22 +429,23 @@ unsafe fn block_avx512<const N: usize>(
 unsafe fn block_avx2<const N: usize>(
     kt: &[f32],
     vals: &[f32],
-    kc: usize,
+    live: Range<usize>,
     q: [&[f32]; N],
-    scale: f32,
+    scale: Scale,
     state: [&mut [f32]; N],
 ) {
-    block_body::<N, ScalarSoft>(kt, vals, kc, q, scale, state)
+    block_body::<N, ScalarSoft>(kt, vals, live, q, scale, state)
 }
 
 /// A block's softmax steps, per kernel level; every level gives the same bits (the scalar code's
 /// operations lane by lane; a maximum does not depend on the order it is taken in).
 trait Soft {
-    /// Scales the first `kc` scores by `scale` and returns their maximum (`-inf` if none).
+    /// Scales (and caps) the scores `ks..kc` and returns their maximum (`-inf` if none); the
+    /// others are left as they are.
     ///
     /// # Safety
     /// The CPU must have the level's features.
-    unsafe fn scale_max(s: &mut [f32; KEYS], kc: usize, scale: f32) -> f32;
+    unsafe fn scale_max(s: &mut [f32; KEYS], ks: usize, kc: usize, sc: Scale) -> f32;
     /// `p[k] = exp(s[k] - m)` for every key lane.
     ///
     /// # Safety
@@ -420,11 +458,18 @@ struct ScalarSoft;
 
 impl Soft for ScalarSoft {
     #[inline(always)]
-    unsafe fn scale_max(s: &mut [f32; KEYS], kc: usize, scale: f32) -> f32 {
+    unsafe fn scale_max(s: &mut [f32; KEYS], ks: usize, kc: usize, sc: Scale) -> f32 {
         let mut bmax = f32::NEG_INFINITY;
-        for x in &mut s[..kc] {
-            *x *= scale;
-            bmax = bmax.max(*x);
+        if sc.cap == 0.0 {
+            for x in &mut s[ks..kc] {
+                *x *= sc.scale;
+                bmax = bmax.max(*x);
+            }
+        } else {
+            for x in &mut s[ks..kc] {
+                *x = sc.cap * tanh(*x * sc.scale);
+                bmax = bmax.max(*x);
+            }
         }
         bmax
     }
@@ -446,18 +491,30 @@ struct Avx512Soft;
 impl Soft for Avx512Soft {
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-    unsafe fn scale_max(s: &mut [f32; KEYS], kc: usize, scale: f32) -> f32 {
+    unsafe fn scale_max(s: &mut [f32; KEYS], ks: usize, kc: usize, sc: Scale) -> f32 {
         use std::arch::x86_64::*;
-        let sc = _mm512_set1_ps(scale);
+        let (capped, cap) = (sc.cap != 0.0, _mm512_set1_ps(sc.cap));
+        let sc = _mm512_set1_ps(sc.scale);
         let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
         for c in 0..KEYS / 16 {
-            let live = kc.saturating_sub(16 * c).min(16);
-            if live == 0 {
+            // Lanes `ks..kc` of this chunk of 16.
+            let (lo, hi) = (
+                ks.saturating_sub(16 * c).min(16),
+                kc.saturating_sub(16 * c).min(16),
+            );
+            if hi == 0 {
                 break;
             }
-            let mask: __mmask16 = if live == 16 { !0 } else { (1 << live) - 1 };
+            if lo == hi {
+                continue;
+            }
+            let upto: u32 = if hi == 16 { !0 } else { (1 << hi) - 1 };
+            let mask = (upto & !((1u32 << lo) - 1)) as __mmask16;
             let ptr = s.as_mut_ptr().add(16 * c);
-            let v = _mm512_mul_ps(_mm512_loadu_ps(ptr), sc);
+            let mut v = _mm512_mul_ps(_mm512_loadu_ps(ptr), sc);
+            if capped {
+                v = _mm512_mul_ps(cap, tanh16(v));
+            }
             _mm512_mask_storeu_ps(ptr, mask, v);
             mx = _mm512_mask_max_ps(mx, mask, mx, v);
         }
@@ -521,6 +578,20 @@ unsafe fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     _mm512_maskz_mov_ps(!under, _mm512_mul_ps(y, pow2))
 }
 
+/// [`tanh`] in each lane, the same operations in the same order.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn tanh16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let one = _mm512_set1_ps(1.0);
+    let e = exp16(_mm512_mul_ps(_mm512_set1_ps(2.0), x));
+    _mm512_sub_ps(
+        one,
+        _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, one)),
+    )
+}
+
 /// Output elements accumulated in registers at a time.
 const OUT_CHUNK: usize = 64;
 
@@ -528,14 +599,15 @@ const OUT_CHUNK: usize = 64;
 fn block_body<const N: usize, S: Soft>(
     kt: &[f32],
     vals: &[f32],
-    kc: usize,
+    live: Range<usize>,
     q: [&[f32]; N],
-    scale: f32,
+    scale: Scale,
     state: [&mut [f32]; N],
 ) {
     let hd = q[0].len();
     let hdv = state[0].len() - 2;
-    assert!((1..=KEYS).contains(&kc) && kt.len() == hd * KEYS && vals.len() == kc * hdv);
+    let (ks, kc) = (live.start, live.end);
+    assert!(ks < kc && kc <= KEYS && kt.len() == hd * KEYS && vals.len() == kc * hdv);
     for n in 0..N {
         assert!(q[n].len() == hd && state[n].len() == hdv + 2);
     }
@@ -554,7 +626,7 @@ fn block_body<const N: usize, S: Soft>(
     let mut alpha = [0f32; N];
     for n in 0..N {
         // SAFETY: `S` is the caller's kernel level, which the CPU has.
-        let bmax = unsafe { S::scale_max(&mut s[n], kc, scale) };
+        let bmax = unsafe { S::scale_max(&mut s[n], ks, kc, scale) };
         let st = &state[n];
         let (m, sum) = (st[hdv], st[hdv + 1]);
         let m_new = m.max(bmax);
@@ -562,7 +634,7 @@ fn block_body<const N: usize, S: Soft>(
         // SAFETY: as above.
         unsafe { S::exp_shifted(&s[n], m_new, &mut p[n]) };
         let mut sum = sum * alpha[n];
-        for &x in &p[n][..kc] {
+        for &x in &p[n][ks..kc] {
             sum += x;
         }
         let st = &mut *state[n];
@@ -579,7 +651,7 @@ fn block_body<const N: usize, S: Soft>(
                 *x *= alpha[n];
             }
         }
-        for k in 0..kc {
+        for k in ks..kc {
             let v: &[f32; OUT_CHUNK] = vals[k * hdv + e0..k * hdv + e0 + OUT_CHUNK]
                 .try_into()
                 .expect("chunk");
@@ -598,8 +670,8 @@ fn block_body<const N: usize, S: Soft>(
     for n in 0..N {
         for e in e0..hdv {
             let mut acc = state[n][e] * alpha[n];
-            for (k, &pk) in p[n][..kc].iter().enumerate() {
-                acc = pk.mul_add(vals[k * hdv + e], acc);
+            for k in ks..kc {
+                acc = p[n][k].mul_add(vals[k * hdv + e], acc);
             }
             state[n][e] = acc;
         }
@@ -613,7 +685,9 @@ mod tests {
     #[test]
     fn block_kernels_agree_bit_for_bit() {
         // Every level, one query or four at once, equals the scalar body on one query, bit for
-        // bit; head_dim_v 136 has two full output chunks and a tail, 40 only a tail.
+        // bit; head_dim_v 136 has two full output chunks and a tail, 40 only a tail. Live keys
+        // from the block's start, and from inside it (a sliding window's first block), within a
+        // chunk of 16 lanes and across chunks.
         for (hd, hdv) in [(72, 40), (64, 136)] {
             let kt: Vec<f32> = (0..hd * KEYS).map(|i| ((i as f32) * 0.37).sin()).collect();
             let vals: Vec<f32> = (0..KEYS * hdv).map(|i| ((i as f32) * 0.11).cos()).collect();
@@ -625,7 +699,20 @@ mod tests {
                 })
                 .collect();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            for kc in [1, 5, 17, KEYS] {
+            // Plain and soft-capped scores (a cap that bites: scaled scores reach ~3).
+            let scales = [Scale::new(0.125, None), Scale::new(0.125, Some(0.7))];
+            let live = [
+                (0, 1),
+                (0, 5),
+                (0, 17),
+                (0, KEYS),
+                (3, 5),
+                (15, 17),
+                (16, 33),
+                (40, KEYS),
+                (63, KEYS),
+            ];
+            for (sc, (ks, kc)) in scales.iter().flat_map(|&sc| live.map(|l| (sc, l))) {
                 let vals = &vals[..kc * hdv];
                 let fresh = || {
                     let mut st = vec![0f32; hdv + 2];
@@ -636,29 +723,33 @@ mod tests {
                     .iter()
                     .map(|q| {
                         let mut st = fresh();
-                        block_body::<1, ScalarSoft>(&kt, vals, kc, [q], 0.125, [&mut st]);
-                        block_body::<1, ScalarSoft>(&kt, vals, kc, [q], 0.125, [&mut st]);
+                        block_body::<1, ScalarSoft>(&kt, vals, ks..kc, [q], sc, [&mut st]);
+                        block_body::<1, ScalarSoft>(&kt, vals, ks..kc, [q], sc, [&mut st]);
                         st
                     })
                     .collect();
                 for level in hearth_quant::simd::available_levels() {
                     let mut got = fresh();
-                    block(level, &kt, vals, kc, &qs[0], 0.125, &mut got);
-                    block(level, &kt, vals, kc, &qs[0], 0.125, &mut got);
-                    assert_eq!(bits(&got), bits(&want[0]), "level {level}, kc {kc}");
+                    block(level, &kt, vals, ks..kc, &qs[0], sc, &mut got);
+                    block(level, &kt, vals, ks..kc, &qs[0], sc, &mut got);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want[0]),
+                        "level {level}, {sc:?}, keys {ks}..{kc}"
+                    );
                     let mut four: Vec<Vec<f32>> = (0..4).map(|_| fresh()).collect();
                     for _ in 0..2 {
                         let q: [&[f32]; 4] = std::array::from_fn(|n| &qs[n][..]);
                         let mut it = four.iter_mut();
                         let st: [&mut [f32]; 4] =
                             std::array::from_fn(|_| &mut it.next().unwrap()[..]);
-                        block_n::<4>(level, &kt, vals, kc, q, 0.125, st);
+                        block_n::<4>(level, &kt, vals, ks..kc, q, sc, st);
                     }
                     for n in 0..4 {
                         assert_eq!(
                             bits(&four[n]),
                             bits(&want[n]),
-                            "level {level}, kc {kc}, {n}"
+                            "level {level}, {sc:?}, keys {ks}..{kc}, {n}"
                         );
                     }
                 }
@@ -706,7 +797,8 @@ mod tests {
 
     #[test]
     fn block_is_softmax_attention() {
-        // Two blocks of one query against 70 keys equal a direct softmax-weighted sum (f64).
+        // Blocks of one query against keys `lo..70` equal a direct softmax-weighted sum (f64):
+        // the whole range, windows that start inside the first or the second block, capped scores.
         let (hd, hdv, n) = (16, 8, 70);
         let keys: Vec<Vec<f32>> = (0..n)
             .map(|j| {
@@ -724,39 +816,55 @@ mod tests {
             .collect();
         let q: Vec<f32> = (0..hd).map(|d| (d as f32 * 0.5).cos()).collect();
         let scale = 0.25;
-        let mut state = vec![0f32; hdv + 2];
-        state[hdv] = f32::NEG_INFINITY;
-        for k0 in (0..n).step_by(KEYS) {
-            let kc = KEYS.min(n - k0);
-            let mut kt = vec![0f32; hd * KEYS];
-            let mut vb = vec![0f32; kc * hdv];
-            for k in 0..kc {
-                for d in 0..hd {
-                    kt[d * KEYS + k] = keys[k0 + k][d];
+        let cases = [
+            (0, None),
+            (9, None),
+            (64, None),
+            (69, None),
+            (0, Some(0.5)),
+            (9, Some(2.0)),
+        ];
+        for (lo, cap) in cases {
+            let mut state = vec![0f32; hdv + 2];
+            state[hdv] = f32::NEG_INFINITY;
+            for k0 in (lo / KEYS * KEYS..n).step_by(KEYS) {
+                let kc = KEYS.min(n - k0);
+                let mut kt = vec![0f32; hd * KEYS];
+                let mut vb = vec![0f32; kc * hdv];
+                for k in 0..kc {
+                    for d in 0..hd {
+                        kt[d * KEYS + k] = keys[k0 + k][d];
+                    }
+                    vb[k * hdv..(k + 1) * hdv].copy_from_slice(&vals[k0 + k]);
                 }
-                vb[k * hdv..(k + 1) * hdv].copy_from_slice(&vals[k0 + k]);
+                let ks = lo.saturating_sub(k0);
+                let level = hearth_quant::kernel_level();
+                block(
+                    level,
+                    &kt,
+                    &vb,
+                    ks..kc,
+                    &q,
+                    Scale::new(scale, cap),
+                    &mut state,
+                );
             }
-            block(
-                hearth_quant::kernel_level(),
-                &kt,
-                &vb,
-                kc,
-                &q,
-                scale,
-                &mut state,
-            );
-        }
-        let scores: Vec<f64> = keys
-            .iter()
-            .map(|k| k.iter().zip(&q).map(|(a, b)| (a * b) as f64).sum::<f64>() * scale as f64)
-            .collect();
-        let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let w: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
-        let z: f64 = w.iter().sum();
-        for e in 0..hdv {
-            let want: f64 = (0..n).map(|j| w[j] * vals[j][e] as f64).sum::<f64>() / z;
-            let got = state[e] as f64 / state[hdv + 1] as f64;
-            assert!((got - want).abs() < 1e-5, "element {e}: {got} vs {want}");
+            let scores: Vec<f64> = keys[lo..]
+                .iter()
+                .map(|k| k.iter().zip(&q).map(|(a, b)| (a * b) as f64).sum::<f64>() * scale as f64)
+                .map(|s| cap.map_or(s, |c: f32| c as f64 * (s / c as f64).tanh()))
+                .collect();
+            let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let w: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+            let z: f64 = w.iter().sum();
+            for e in 0..hdv {
+                let want: f64 = (lo..n).map(|j| w[j - lo] * vals[j][e] as f64).sum::<f64>() / z;
+                let got = state[e] as f64 / state[hdv + 1] as f64;
+                assert!(
+                    (got - want).abs() < 1e-5,
+                    "lo {lo}, cap {cap:?}, element {e}: {got} vs {want}"
+                );
+            }
         }
     }
 }

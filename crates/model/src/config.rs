@@ -2,7 +2,7 @@
 
 use hearth_gguf::Metadata;
 
-use crate::arch::{arch_spec, ArchSpec, FfnKind};
+use crate::arch::{arch_spec, ArchSpec, AttnScale, EmbdScale, FfnKind, Softcap, Swa, SwaRope};
 use crate::error::ModelError;
 use crate::rope::{RopeConfig, Yarn};
 
@@ -19,6 +19,21 @@ pub struct MoeConfig {
     pub norm_topk: bool,
     /// Multiplier applied to the expert weights (`expert_weights_scale`, 1 when absent).
     pub weights_scale: f32,
+}
+
+/// What differs from layer to layer (llama.cpp's per-layer hyperparameters: `is_swa(il)`, the
+/// layer's RoPE base and scale).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerConfig {
+    /// A query at position `p` attends to the keys at `[p + 1 - window, p]` (clamped at 0) when set,
+    /// else to `[0, p]`: a sliding window of `window` positions, its own included.
+    pub window: Option<usize>,
+    /// Which of [`Config::ropes`] rotates this layer's Q and K.
+    pub rope: usize,
+    /// The scale of the attention scores `q · k`.
+    pub attn_scale: f32,
+    /// Soft-capping of the scaled scores, `cap * tanh(s / cap)` (Gemma 2).
+    pub attn_softcap: Option<f32>,
 }
 
 /// Everything the decoder needs to know about a model's shape.
@@ -44,8 +59,16 @@ pub struct Config {
     pub n_ctx_train: usize,
     /// RMSNorm epsilon.
     pub rms_eps: f32,
-    /// Rotary embedding parameters (frequency factors are attached by the loader).
-    pub rope: RopeConfig,
+    /// The RoPE tables layers pick from ([`LayerConfig::rope`]): the model's, then the sliding-window
+    /// layers' when they have their own (Gemma 3: base 10,000, never scaled). Frequency factors are attached
+    /// by the loader. Every table rotates the same `n_rot` dimensions.
+    pub ropes: Vec<RopeConfig>,
+    /// Per-layer attributes `[n_layer]`.
+    pub layers: Vec<LayerConfig>,
+    /// What the token embeddings are multiplied by (1, or `sqrt(n_embd)` for Gemma).
+    pub embd_scale: f32,
+    /// Final logit soft-capping `cap * tanh(logit / cap)` (Gemma 2's `final_logit_softcapping`).
+    pub logit_softcap: Option<f32>,
     /// Vocabulary size (rows of `token_embd`), set by the loader.
     pub n_vocab: usize,
     /// Routed experts, for MoE architectures.
@@ -235,6 +258,76 @@ impl Config {
             }
         };
 
+        let rope = RopeConfig {
+            style: arch.rope,
+            n_rot,
+            freq_base,
+            freq_scale,
+            yarn,
+            freq_factors: None,
+        };
+        let window = match arch.swa {
+            Swa::None => None,
+            // llama.cpp: a window of 0 turns sliding off.
+            Swa::Pattern { .. } if meta.get_u64(&key("attention.sliding_window")) == Some(0) => {
+                None
+            }
+            Swa::Pattern { default_window, .. } => {
+                opt_usize("attention.sliding_window")?.or(default_window)
+            }
+        };
+        let swa_layers = match (arch.swa, window) {
+            (Swa::Pattern { period, .. }, Some(_)) => swa_pattern(meta, &key, n_layer, period)?,
+            _ => vec![false; n_layer],
+        };
+        let mut ropes = vec![rope];
+        if swa_layers.contains(&true) {
+            let file_base = meta.get_f32(&key("rope.freq_base_swa"));
+            let local = match (arch.swa_rope, file_base) {
+                (SwaRope::Global, None) => None,
+                // llama.cpp: Gemma 2's local layers keep the global scale.
+                (SwaRope::Global, Some(base)) => Some((base, ropes[0].freq_scale)),
+                // llama.cpp: `rope_freq_scale_train_swa` is 1.
+                (SwaRope::Base(default), base) => Some((base.unwrap_or(default), 1.0)),
+            };
+            if let Some((freq_base, freq_scale)) = local {
+                if !(freq_base.is_finite() && freq_base > 1.0) {
+                    return Err(ModelError::Hyperparameter {
+                        key: key("rope.freq_base_swa"),
+                        detail: Some(format!("{freq_base}")),
+                    });
+                }
+                // YaRN's other parameters are the context's, shared by every layer.
+                ropes.push(RopeConfig {
+                    freq_base,
+                    freq_scale,
+                    ..ropes[0].clone()
+                });
+            }
+        }
+        let attn_scale = match arch.attn_scale {
+            AttnScale::EmbdPerHeadAtLayers(n) if n == n_layer => {
+                1.0 / ((n_embd / n_head) as f32).sqrt()
+            }
+            _ => 1.0 / (head_dim as f32).sqrt(),
+        };
+        let attn_softcap = softcap(meta, &key, "attn_logit_softcapping", arch.attn_softcap)?;
+        let local_rope = ropes.len() - 1;
+        let layers = swa_layers
+            .iter()
+            .map(|&swa| LayerConfig {
+                window: if swa { window } else { None },
+                rope: if swa { local_rope } else { 0 },
+                attn_scale,
+                attn_softcap,
+            })
+            .collect();
+        let embd_scale = match arch.embd_scale {
+            EmbdScale::One => 1.0,
+            EmbdScale::SqrtEmbd => (n_embd as f32).sqrt(),
+        };
+        let logit_softcap = softcap(meta, &key, "final_logit_softcapping", arch.logit_softcap)?;
+
         Ok(Config {
             arch,
             n_layer,
@@ -246,17 +339,18 @@ impl Config {
             head_dim_v,
             n_ctx_train,
             rms_eps,
-            rope: RopeConfig {
-                style: arch.rope,
-                n_rot,
-                freq_base,
-                freq_scale,
-                yarn,
-                freq_factors: None,
-            },
+            ropes,
+            layers,
+            embd_scale,
+            logit_softcap,
             n_vocab: 0,
             moe,
         })
+    }
+
+    /// The model's own RoPE table (the global layers').
+    pub fn rope(&self) -> &RopeConfig {
+        &self.ropes[0]
     }
 
     /// Width of all query heads together.
@@ -272,5 +366,60 @@ impl Config {
     /// Width of all value heads together.
     pub fn v_dim(&self) -> usize {
         self.n_head_kv * self.head_dim_v
+    }
+}
+
+/// Which layers slide, as llama.cpp's `load_swa_pattern`: `{arch}.attention.sliding_window_pattern`
+/// as a bool per layer, or as the period (else `period`), where layer `l` slides unless
+/// `l % period == period - 1` (period 0: every layer slides).
+fn swa_pattern(
+    meta: &Metadata,
+    key: &dyn Fn(&str) -> String,
+    n_layer: usize,
+    period: u32,
+) -> Result<Vec<bool>, ModelError> {
+    let k = key("attention.sliding_window_pattern");
+    let bad = |detail: String| ModelError::Hyperparameter {
+        key: k.clone(),
+        detail: Some(detail),
+    };
+    let period = match meta.get(&k) {
+        None => period,
+        Some(hearth_gguf::Value::Array(hearth_gguf::Array::Bool(v))) => {
+            if v.len() != n_layer {
+                return Err(bad(format!("{} entries for {n_layer} layers", v.len())));
+            }
+            return Ok(v.clone());
+        }
+        Some(v) => match v.as_u32() {
+            Some(p) => p,
+            None => return Err(bad("neither a period nor a bool per layer".into())),
+        },
+    };
+    Ok((0..n_layer as u32)
+        .map(|l| period == 0 || l % period < period - 1)
+        .collect())
+}
+
+/// A soft-cap as `spec` says: the file's `{arch}.{name}`, its default when absent; 0 turns it off
+/// (as in llama.cpp).
+fn softcap(
+    meta: &Metadata,
+    key: &dyn Fn(&str) -> String,
+    name: &str,
+    spec: Softcap,
+) -> Result<Option<f32>, ModelError> {
+    let cap = match spec {
+        Softcap::Off => return Ok(None),
+        Softcap::FromFile => meta.get_f32(&key(name)),
+        Softcap::Default(d) => Some(meta.get_f32(&key(name)).unwrap_or(d)),
+    };
+    match cap {
+        None | Some(0.0) => Ok(None),
+        Some(c) if c.is_finite() && c > 0.0 => Ok(Some(c)),
+        Some(c) => Err(ModelError::Hyperparameter {
+            key: key(name),
+            detail: Some(format!("{c}")),
+        }),
     }
 }

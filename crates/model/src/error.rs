@@ -12,7 +12,7 @@ pub enum ModelError {
     #[error("the file has no general.architecture")]
     NoArchitecture,
     /// An architecture Hearth does not implement (refusing to guess).
-    #[error("unsupported architecture '{0}' (supported: llama, qwen2, qwen3, qwen3moe)")]
+    #[error("unsupported architecture '{0}' (supported: {names})", names = crate::arch::arch_names())]
     UnsupportedArchitecture(String),
     /// A required hyperparameter is missing or has the wrong type.
     #[error("missing or invalid hyperparameter '{key}'{}", .detail.as_ref().map(|d| format!(": {d}")).unwrap_or_default())]

@@ -14,7 +14,9 @@ use crate::matmul::{
     matmul, matmul_fused, matmul_gather, matmul_swiglu, Group, Product, QuantActs,
 };
 use crate::model::Model;
-use crate::ops::{add_assign, rms_norm, rms_norm_into, rms_norm_rows, softmax, swiglu};
+use crate::ops::{
+    add_assign, glu, rms_norm, rms_norm_into, rms_norm_rows, softcap, softmax, Activation,
+};
 use crate::threads::ThreadPool;
 use crate::weights::{Ffn, Layer, Weight};
 
@@ -49,7 +51,7 @@ pub struct Scratch {
     v: Vec<f32>,           // [T, n_head_kv * head_dim_v]
     attn: Vec<f32>,        // [T, n_head * head_dim_v]
     proj: Vec<f32>,        // [T, n_embd] output of attn_output / ffn_down
-    ffn_a: Vec<f32>,       // [T * max(1, k), max(n_ff, n_ff_exp)] gate, then SwiGLU
+    ffn_a: Vec<f32>,       // [T * max(1, k), max(n_ff, n_ff_exp)] gate, then the gated unit
     ffn_b: Vec<f32>,       // [T * max(1, k), max(n_ff, n_ff_exp)] up
     moe_out: Vec<f32>,     // [T * k, n_embd] each (token, expert) pair's down projection
     router: Vec<f32>,      // [T, n_expert]
@@ -60,8 +62,9 @@ pub struct Scratch {
     groups: Vec<Group>,    // [n_expert]
     expert_at: Vec<usize>, // [n_expert + 1] counting-sort offsets
     expert_load: Vec<u64>, // [n_expert] (token, layer) routings computed per expert, since creation
-    cos: Vec<f32>,         // [T, n_rot / 2]
-    sin: Vec<f32>,         // [T, n_rot / 2]
+    cos: Vec<f32>,         // [n_ropes, T, n_rot / 2] per RoPE table, stride max_tokens rows
+    sin: Vec<f32>,         // [n_ropes, T, n_rot / 2]
+    lo: Vec<usize>,        // [T] first key of each row in the current layer
     acts: QuantActs,
     tok_acts: QuantActs, // [T] the batch rows quantized once, gathered into `acts` per expert pair
     out_rows: Vec<usize>, // [T] batch rows whose logits are wanted
@@ -103,8 +106,9 @@ impl Scratch {
             groups: Vec::with_capacity(n_expert),
             expert_at: Vec::with_capacity(n_expert + 1),
             expert_load: vec![0; n_expert],
-            cos: vec![0.0; t * c.rope.n_rot / 2],
-            sin: vec![0.0; t * c.rope.n_rot / 2],
+            cos: vec![0.0; c.ropes.len() * t * c.rope().n_rot / 2],
+            sin: vec![0.0; c.ropes.len() * t * c.rope().n_rot / 2],
+            lo: vec![0; t],
             acts: QuantActs::with_capacity(t * k, widest),
             tok_acts: QuantActs::with_capacity(if n_expert > 0 { t } else { 0 }, widest),
             out_rows: Vec::with_capacity(t),
@@ -176,17 +180,26 @@ impl Model {
         let c = &self.config;
         let n = batch.tokens.len();
         self.check_batch(kv, s, batch)?;
-        let (d, half) = (c.n_embd, c.rope.n_rot / 2);
+        let (d, half) = (c.n_embd, c.rope().n_rot / 2);
 
         for (t, &tok) in batch.tokens.iter().enumerate() {
             let row = self.tok_embd.row(0, tok as usize);
-            dequantize_row(self.tok_embd.ty, row, &mut s.x[t * d..(t + 1) * d])
-                .expect("checked at load");
-            c.rope.cos_sin(
-                batch.pos[t],
-                &mut s.cos[t * half..(t + 1) * half],
-                &mut s.sin[t * half..(t + 1) * half],
-            );
+            let x = &mut s.x[t * d..(t + 1) * d];
+            dequantize_row(self.tok_embd.ty, row, x).expect("checked at load");
+            if c.embd_scale != 1.0 {
+                x.iter_mut().for_each(|v| *v *= c.embd_scale);
+            }
+            for (r, rope) in c.ropes.iter().enumerate() {
+                let at = (r * s.max_tokens + t) * half;
+                rope.cos_sin(
+                    batch.pos[t],
+                    &mut s.cos[at..at + half],
+                    &mut s.sin[at..at + half],
+                );
+            }
+        }
+        if let (Some(tap), true) = (tap.as_deref_mut(), c.embd_scale != 1.0) {
+            tap.tensor("inp_scaled", None, &s.x[..n * d], n, d);
         }
 
         s.out_rows.clear();
@@ -226,6 +239,12 @@ impl Model {
         let head = self.lm_head();
         s.acts.quantize(pool, head.ty, &s.xn, n_out, d, d);
         matmul(pool, head, &s.acts, n_out, &mut s.logits, c.n_vocab);
+        if let Some(cap) = c.logit_softcap {
+            let nv = c.n_vocab;
+            pool.for_rows(&mut s.logits[..n_out * nv], nv, 1, &|rows, _| {
+                softcap(rows, cap)
+            });
+        }
         let logits = &s.logits[..n_out * c.n_vocab];
         if let Some(tap) = tap {
             tap.tensor("result_output", None, logits, n_out, c.n_vocab);
@@ -351,8 +370,11 @@ impl Model {
                 emit(tap, name, l, buf, n, width);
             }
         }
-        let half = c.rope.n_rot / 2;
-        let (cos, sin) = (&s.cos, &s.sin);
+        let lc = &c.layers[l];
+        let rope = &c.ropes[lc.rope];
+        let half = rope.n_rot / 2;
+        let table = lc.rope * s.max_tokens * half;
+        let (cos, sin) = (&s.cos[table..], &s.sin[table..]);
         for (buf, width) in [(&mut s.q, qd), (&mut s.k, kd)] {
             pool.for_rows(
                 &mut buf[..n * width],
@@ -366,7 +388,7 @@ impl Model {
                             &sin[t * half..(t + 1) * half],
                         );
                         row.chunks_exact_mut(hd)
-                            .for_each(|h| c.rope.rotate(h, cos, sin));
+                            .for_each(|h| rope.rotate(h, cos, sin));
                     }
                 },
             );
@@ -383,10 +405,17 @@ impl Model {
                 &s.v[t * vd..(t + 1) * vd],
             );
         }
+        // Each row's key range: the whole context, or the layer's window ending at the row.
+        for (lo, &p) in s.lo.iter_mut().zip(b.pos) {
+            *lo = lc.window.map_or(0, |w| (p + 1).saturating_sub(w));
+        }
         let rows = AttnRows {
             q: &s.q,
             pos: b.pos,
+            lo: &s.lo[..n],
             seq: b.seq,
+            scale: lc.attn_scale,
+            softcap: lc.attn_softcap,
         };
         attend(pool, c, kv, l, &rows, &mut s.attn_blocks, &mut s.attn);
         let od = c.n_head * c.head_dim_v;
@@ -395,6 +424,10 @@ impl Model {
         s.acts.quantize(pool, layer.wo.ty, &s.attn, n, od, od);
         matmul(pool, &layer.wo, &s.acts, n, &mut s.proj, d);
         emit(tap, "attn_out", l, &s.proj, n, d);
+        if let Some(w) = &layer.attn_post_norm {
+            norm_rows_in_place(pool, &mut s.proj[..n * d], w, c.rms_eps);
+            emit(tap, "attn_post_norm", l, &s.proj, n, d);
+        }
         add_rows(pool, &mut s.x[..n * d], &s.proj[..n * d], d);
         emit(tap, "ffn_inp", l, &s.x, n, d);
     }
@@ -418,11 +451,13 @@ impl Model {
             c.rms_eps,
         );
         emit(tap, "ffn_norm", l, &s.xn, n, d);
+        let act = c.arch.act;
         match &layer.ffn {
             Ffn::Dense { gate, up, down } if fusable(gate, up) => {
                 let ff = gate.rows;
                 s.acts.quantize(pool, gate.ty, &s.xn, n, d, d);
-                matmul_swiglu(pool, gate, up, &s.acts, &[Group::all(n)], &mut s.ffn_a, ff);
+                let all = [Group::all(n)];
+                matmul_swiglu(pool, act, gate, up, &s.acts, &all, &mut s.ffn_a, ff);
                 s.acts.quantize(pool, down.ty, &s.ffn_a, n, ff, ff);
                 matmul(pool, down, &s.acts, n, &mut s.proj, d);
             }
@@ -448,7 +483,7 @@ impl Model {
                         },
                     ],
                 );
-                swiglu_rows(pool, &mut s.ffn_a[..n * ff], &s.ffn_b[..n * ff], ff);
+                glu_rows(pool, act, &mut s.ffn_a[..n * ff], &s.ffn_b[..n * ff], ff);
                 s.acts.quantize(pool, down.ty, &s.ffn_a, n, ff, ff);
                 matmul(pool, down, &s.acts, n, &mut s.proj, d);
             }
@@ -469,6 +504,10 @@ impl Model {
             }
         }
         emit(tap, "ffn_out", l, &s.proj, n, d);
+        if let Some(w) = &layer.ffn_post_norm {
+            norm_rows_in_place(pool, &mut s.proj[..n * d], w, c.rms_eps);
+            emit(tap, "ffn_post_norm", l, &s.proj, n, d);
+        }
         add_rows(pool, &mut s.x[..n * d], &s.proj[..n * d], d);
         emit(tap, "l_out", l, &s.x, n, d);
     }
@@ -567,6 +606,7 @@ impl Model {
             s.acts.gather(pool, &s.tok_acts, &s.pair_tok[..n * k]);
             matmul_swiglu(
                 pool,
+                c.arch.act,
                 gate_exps,
                 up_exps,
                 &s.acts,
@@ -599,7 +639,13 @@ impl Model {
                 &s.groups,
                 &mut products,
             );
-            swiglu_rows(pool, &mut s.ffn_a[..n * k * ff], &s.ffn_b[..n * k * ff], ff);
+            glu_rows(
+                pool,
+                c.arch.act,
+                &mut s.ffn_a[..n * k * ff],
+                &s.ffn_b[..n * k * ff],
+                ff,
+            );
         }
         s.acts.quantize(pool, down_exps.ty, &s.ffn_a, n * k, ff, ff);
         matmul_gather(
@@ -648,7 +694,7 @@ fn emit(
     }
 }
 
-/// Whether an FFN's gate and up run as one pass with the SwiGLU ([`matmul_swiglu`]): the same
+/// Whether an FFN's gate and up run as one pass with the gated unit ([`matmul_swiglu`]): the same
 /// shape and one activation type for both (their weight types may differ, e.g. Q4_K and Q6_K).
 fn fusable(gate: &Weight, up: &Weight) -> bool {
     vec_dot_type(gate.ty) == vec_dot_type(up.ty) && gate.rows == up.rows && gate.cols == up.cols
@@ -668,6 +714,15 @@ fn norm_rows(pool: &ThreadPool, dst: &mut [f32], src: &[f32], weight: &[f32], ep
     });
 }
 
+/// RMSNorm of every row of `x` in place (rows of `weight.len()`), rows split over the pool's threads.
+fn norm_rows_in_place(pool: &ThreadPool, x: &mut [f32], weight: &[f32], eps: f32) {
+    let d = weight.len();
+    pool.for_rows(x, d, rows_per_task(pool, x.len() / d), &|rows, _| {
+        rows.chunks_exact_mut(d)
+            .for_each(|row| rms_norm(row, weight, eps))
+    });
+}
+
 /// `x[t] += y[t]` for every row `t` of width `d`, rows split over the pool's threads.
 fn add_rows(pool: &ThreadPool, x: &mut [f32], y: &[f32], d: usize) {
     pool.for_rows(x, d, rows_per_task(pool, y.len() / d), &|rows, r0| {
@@ -675,9 +730,9 @@ fn add_rows(pool: &ThreadPool, x: &mut [f32], y: &[f32], d: usize) {
     });
 }
 
-/// [`swiglu`] of `[rows, ff]` matrices, rows split over the pool's threads.
-fn swiglu_rows(pool: &ThreadPool, gate: &mut [f32], up: &[f32], ff: usize) {
+/// [`glu`] of `[rows, ff]` matrices, rows split over the pool's threads.
+fn glu_rows(pool: &ThreadPool, act: Activation, gate: &mut [f32], up: &[f32], ff: usize) {
     pool.for_rows(gate, ff, 8, &|rows, r0| {
-        swiglu(rows, &up[r0 * ff..r0 * ff + rows.len()]);
+        glu(act, rows, &up[r0 * ff..r0 * ff + rows.len()]);
     });
 }

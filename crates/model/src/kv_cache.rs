@@ -1,4 +1,10 @@
 //! The key/value cache: per sequence slot, per layer, per position, one K row and one V row.
+//!
+//! Sliding-window layers keep every position too, not a ring of `window` rows as llama.cpp's SWA
+//! cache does: a position has the same address in every layer, so copying a prefix, rewinding a
+//! sequence or (later) sharing blocks between sequences needs no per-layer bookkeeping, and
+//! attention simply never reads behind a window. Untouched positions cost no resident memory (the
+//! store is a lazily mapped zeroed allocation); a paged cache can free the blocks a window has left.
 
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};

@@ -1,8 +1,11 @@
 //! The model: architectures as data, weights bound onto the mmap, and one decoder for all of them.
 //!
-//! - [`arch`]: the [`ArchSpec`] table (`llama`, `qwen2`, `qwen3`, `qwen3moe`) — the switches that
-//!   tell architectures apart (RoPE style, QKV bias, Q/K norm, dense or routed FFN).
-//! - [`Config`]: hyperparameters from `{arch}.*` metadata, RoPE scaling included.
+//! - [`arch`]: the [`ArchSpec`] table (`llama`, `qwen2`, `qwen3`, `qwen3moe`, `gemma2`, `gemma3`), each row
+//!   written as its differences from a Llama-style base row — the switches that tell architectures
+//!   apart (RoPE style, QKV bias, Q/K norm, post-norms, dense or routed FFN, its activation,
+//!   embedding and attention scales, soft-caps, which layers slide).
+//! - [`Config`]: hyperparameters from `{arch}.*` metadata, RoPE scaling included, and per layer
+//!   ([`LayerConfig`]) the sliding window, the RoPE table and the attention scale.
 //! - [`Model`]: tensors bound by [`TensorRole`], checked up front; every problem reported at once.
 //! - [`Model::forward`]: one pass over a [`Batch`] of tokens from any number of sequences, prefill and
 //!   decode alike, writing the [`KvCache`]; products on quantized weights run on a [`ThreadPool`].
@@ -27,7 +30,7 @@ mod threads;
 mod weights;
 
 pub use arch::{arch_spec, ArchSpec, FfnKind, ARCHS};
-pub use config::{Config, MoeConfig};
+pub use config::{Config, LayerConfig, MoeConfig};
 pub use error::ModelError;
 pub use forward::{Batch, Scratch, Tap};
 pub use kv_cache::{KvCache, KvType};

@@ -7,7 +7,7 @@
 
 use hearth_quant::{quantize_row, vec_dot_matrix, vec_dot_type, GgmlType, Rows};
 
-use crate::ops::swiglu;
+use crate::ops::{glu, Activation};
 use crate::threads::{SharedMut, ThreadPool};
 use crate::weights::Weight;
 
@@ -337,14 +337,16 @@ pub fn matmul_fused(
     });
 }
 
-/// An FFN's gate and up products and the SwiGLU between them in one pass:
-/// `out[i][r] = silu(gate[mat].row(r) · acts[i]) * (up[mat].row(r) · acts[i])` for every group and
-/// entry `i` (rows `out[i]`, stride `out_stride`). Each task computes a block of gate rows and the
-/// same up rows for its tokens and applies [`swiglu`] to them in registers-sized buffers, so the up
-/// product is never stored and there is no separate SwiGLU pass. The values are those of
-/// [`matmul_fused`] then [`swiglu`], bit for bit.
+/// An FFN's gate and up products and the gated unit between them in one pass:
+/// `out[i][r] = act(gate[mat].row(r) · acts[i]) * (up[mat].row(r) · acts[i])` for every group and
+/// entry `i` (rows `out[i]`, stride `out_stride`); `act` is SiLU for a SwiGLU, GELU for a GeGLU.
+/// Each task computes a block of gate rows and the same up rows for its tokens and applies [`glu`]
+/// to them in registers-sized buffers, so the up product is never stored and there is no separate
+/// pass. The values are those of [`matmul_fused`] then [`glu`], bit for bit.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_swiglu(
     pool: &ThreadPool,
+    act: Activation,
     gate: &Weight,
     up: &Weight,
     acts: &QuantActs,
@@ -394,7 +396,7 @@ pub fn matmul_swiglu(
                     &mut u[..d.len()],
                     1,
                 );
-                swiglu(d, &u[..d.len()]);
+                glu(act, d, &u[..d.len()]);
             }
             return;
         }
@@ -425,7 +427,7 @@ pub fn matmul_swiglu(
                         rpc,
                     );
                     // Element-wise, so the columns past `nr` (not stored) do not matter.
-                    swiglu(&mut bg[..len], &bu[..len]);
+                    glu(act, &mut bg[..len], &bu[..len]);
                     for j in 0..k {
                         let b = j * rpc;
                         let at = (j0 + j) * out_stride + r0;

@@ -57,7 +57,7 @@ impl Model {
         let freq_factors = b.vector(
             TensorRole::RopeFreqs,
             0,
-            c.rope.n_rot / 2,
+            c.rope().n_rot / 2,
             Presence::Optional,
         );
 
@@ -78,7 +78,9 @@ impl Model {
             let bv = b.vector(TensorRole::AttnVBias, l, c.v_dim(), arch.qkv_bias);
             let q_norm = b.vector(TensorRole::AttnQNorm, l, c.head_dim, arch.qk_norm);
             let k_norm = b.vector(TensorRole::AttnKNorm, l, c.head_dim, arch.qk_norm);
+            let attn_post_norm = b.vector(TensorRole::AttnPostNorm, l, c.n_embd, arch.post_norms);
             let ffn_norm = b.vector(TensorRole::FfnNorm, l, c.n_embd, Presence::Required);
+            let ffn_post_norm = b.vector(TensorRole::FfnPostNorm, l, c.n_embd, arch.post_norms);
             let ffn = match (arch.ffn, &c.moe) {
                 (FfnKind::Moe, Some(m)) => {
                     let gate_inp = b.matrix(TensorRole::FfnGateInp, l, [c.n_embd, m.n_expert, 1]);
@@ -137,8 +139,10 @@ impl Model {
                     bv,
                     q_norm,
                     k_norm,
+                    attn_post_norm,
                     ffn_norm,
                     ffn,
+                    ffn_post_norm,
                 });
             }
         }
@@ -149,7 +153,9 @@ impl Model {
             unreachable!("missing tensors are reported as problems")
         };
         config.n_vocab = n_vocab;
-        config.rope.freq_factors = freq_factors;
+        for rope in &mut config.ropes {
+            rope.freq_factors = freq_factors.clone();
+        }
         Ok(Model {
             config,
             tok_embd,

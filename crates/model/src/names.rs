@@ -18,6 +18,7 @@ pub enum TensorRole {
     AttnVBias,
     AttnQNorm,
     AttnKNorm,
+    AttnPostNorm,
     FfnNorm,
     FfnGate,
     FfnUp,
@@ -26,6 +27,7 @@ pub enum TensorRole {
     FfnGateExps,
     FfnUpExps,
     FfnDownExps,
+    FfnPostNorm,
 }
 
 impl TensorRole {
@@ -48,6 +50,7 @@ impl TensorRole {
             AttnVBias => blk("attn_v.bias"),
             AttnQNorm => blk("attn_q_norm.weight"),
             AttnKNorm => blk("attn_k_norm.weight"),
+            AttnPostNorm => blk("post_attention_norm.weight"),
             FfnNorm => blk("ffn_norm.weight"),
             FfnGate => blk("ffn_gate.weight"),
             FfnUp => blk("ffn_up.weight"),
@@ -56,6 +59,7 @@ impl TensorRole {
             FfnGateExps => blk("ffn_gate_exps.weight"),
             FfnUpExps => blk("ffn_up_exps.weight"),
             FfnDownExps => blk("ffn_down_exps.weight"),
+            FfnPostNorm => blk("post_ffw_norm.weight"),
         }
     }
 }
@@ -72,5 +76,13 @@ mod tests {
         );
         assert_eq!(TensorRole::AttnQBias.name(0), "blk.0.attn_q.bias");
         assert_eq!(TensorRole::Output.name(7), "output.weight");
+        assert_eq!(
+            TensorRole::AttnPostNorm.name(2),
+            "blk.2.post_attention_norm.weight"
+        );
+        assert_eq!(
+            TensorRole::FfnPostNorm.name(0),
+            "blk.0.post_ffw_norm.weight"
+        );
     }
 }

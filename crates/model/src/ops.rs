@@ -33,45 +33,96 @@ fn rms_scale(x: &[f32], eps: f32) -> f32 {
     1.0 / (mean + eps).sqrt()
 }
 
+/// The activation of a gated FFN: `act(gate x) * (up x)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (SwiGLU: Llama, Qwen).
+    Silu,
+    /// GELU with the tanh approximation (GeGLU: Gemma, HF `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+impl Activation {
+    /// The activation of one value.
+    #[inline(always)]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Activation::Silu => silu(x),
+            Activation::GeluTanh => gelu_tanh(x),
+        }
+    }
+}
+
 /// SiLU, `x / (1 + e^-x)`, as ggml's `ggml_silu_f32` (with [`exp`]).
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
-/// `gate[i] = silu(gate[i]) * up[i]`: the SwiGLU of a dense or expert FFN, in place in `gate`.
-/// Vectorised at the kernel level the CPU has; the same operations (and bits) at every level.
-pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+/// GELU (tanh approximation), `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, written as the
+/// equal `x / (1 + e^(-2 sqrt(2/pi) (x + 0.044715 x^3)))` (since `(1 + tanh u) / 2 = 1 / (1 + e^-2u)`)
+/// so it takes the same [`exp`] as SiLU and has no cancellation near 0. ggml's CPU `geglu` instead
+/// looks the value up in an f16 table (rounding the input and the result to f16); this is the f32
+/// formula of its `ggml_gelu_f32`, within a few ulp.
+#[inline(always)]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const TWO_SQRT_2_OVER_PI: f32 = 2.0 * 0.797_884_6;
+    const A: f32 = 0.044_715;
+    x / (1.0 + exp(-TWO_SQRT_2_OVER_PI * (x * (1.0 + A * x * x))))
+}
+
+/// `gate[i] = act(gate[i]) * up[i]`: the gated linear unit of a dense or expert FFN (SwiGLU,
+/// GeGLU), in place in `gate`. Vectorised at the kernel level the CPU has; the same operations (and
+/// bits) at every level.
+pub fn glu(act: Activation, gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len());
     #[cfg(target_arch = "x86_64")]
     {
         use hearth_quant::Level;
         match hearth_quant::kernel_level() {
             // SAFETY: the level is at most what the CPU supports (hearth_quant checks).
-            Level::Avx512 => return unsafe { swiglu_avx512(gate, up) },
-            Level::Avx2 => return unsafe { swiglu_avx2(gate, up) },
+            Level::Avx512 => return unsafe { glu_avx512(act, gate, up) },
+            Level::Avx2 => return unsafe { glu_avx2(act, gate, up) },
             Level::Scalar => {}
         }
     }
-    swiglu_body(gate, up)
+    glu_body(act, gate, up)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn swiglu_avx512(gate: &mut [f32], up: &[f32]) {
-    swiglu_body(gate, up)
+unsafe fn glu_avx512(act: Activation, gate: &mut [f32], up: &[f32]) {
+    glu_body(act, gate, up)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
-    swiglu_body(gate, up)
+unsafe fn glu_avx2(act: Activation, gate: &mut [f32], up: &[f32]) {
+    glu_body(act, gate, up)
 }
 
+/// One loop per activation, so each vectorises on its own.
 #[inline(always)]
-fn swiglu_body(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = silu(*g) * u;
+fn glu_body(act: Activation, gate: &mut [f32], up: &[f32]) {
+    match act {
+        Activation::Silu => {
+            for (g, u) in gate.iter_mut().zip(up) {
+                *g = silu(*g) * u;
+            }
+        }
+        Activation::GeluTanh => {
+            for (g, u) in gate.iter_mut().zip(up) {
+                *g = gelu_tanh(*g) * u;
+            }
+        }
+    }
+}
+
+/// Logit soft-capping, `cap * tanh(x / cap)` for every value (Gemma 2's `final_logit_softcapping`,
+/// as llama.cpp's scale, `tanh`, scale).
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x {
+        *v = (*v / cap).tanh() * cap;
     }
 }
 
@@ -105,6 +156,14 @@ pub fn exp(x: f32) -> f32 {
     }
 }
 
+/// `tanh(x)` as `1 - 2 / (e^(2x) + 1)` with [`exp`]: the same operations on every target, so the
+/// attention kernels' vector form gives the same bits (libm's `tanhf` differs between platforms).
+/// Within 2e-7 of the exact value (absolute), which is what scores soft-capped at a few tens need.
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    1.0 - 2.0 / (exp(2.0 * x) + 1.0)
+}
+
 /// Softmax of a row in place (max subtracted, sum in f64, as ggml's `soft_max`).
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -131,30 +190,80 @@ mod tests {
     use super::*;
 
     #[test]
-    fn swiglu_levels_agree_bit_for_bit() {
+    fn glu_levels_agree_bit_for_bit() {
         let g0: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 0.07).collect();
         let up: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.3).sin()).collect();
-        let mut want = g0.clone();
-        swiglu_body(&mut want, &up);
-        for (i, (w, (g, u))) in want.iter().zip(g0.iter().zip(&up)).enumerate() {
-            let exact = (*g as f64) / (1.0 + (-*g as f64).exp()) * *u as f64;
-            assert!(
-                (*w as f64 - exact).abs() <= 1e-6 * (1.0 + exact.abs()),
-                "{i}"
-            );
-        }
-        #[cfg(target_arch = "x86_64")]
-        for level in hearth_quant::simd::available_levels() {
-            let mut got = g0.clone();
-            match level {
-                // SAFETY: available_levels lists only what the CPU has.
-                hearth_quant::Level::Avx512 => unsafe { swiglu_avx512(&mut got, &up) },
-                hearth_quant::Level::Avx2 => unsafe { swiglu_avx2(&mut got, &up) },
-                hearth_quant::Level::Scalar => swiglu_body(&mut got, &up),
+        type Exact = fn(f64) -> f64;
+        let silu: Exact = |g| g / (1.0 + (-g).exp());
+        let gelu: Exact = |g| {
+            0.5 * g
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+        };
+        for (act, exact) in [(Activation::Silu, silu), (Activation::GeluTanh, gelu)] {
+            let mut want = g0.clone();
+            glu_body(act, &mut want, &up);
+            for (i, (w, (g, u))) in want.iter().zip(g0.iter().zip(&up)).enumerate() {
+                let exact = exact(*g as f64) * *u as f64;
+                assert!(
+                    (*w as f64 - exact).abs() <= 1e-6 * (1.0 + exact.abs()),
+                    "{act:?} {i}: {w} vs {exact}"
+                );
             }
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "{level}");
+            #[cfg(target_arch = "x86_64")]
+            for level in hearth_quant::simd::available_levels() {
+                let mut got = g0.clone();
+                match level {
+                    // SAFETY: available_levels lists only what the CPU has.
+                    hearth_quant::Level::Avx512 => unsafe { glu_avx512(act, &mut got, &up) },
+                    hearth_quant::Level::Avx2 => unsafe { glu_avx2(act, &mut got, &up) },
+                    hearth_quant::Level::Scalar => glu_body(act, &mut got, &up),
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{act:?} {level}");
+            }
         }
+    }
+
+    #[test]
+    fn gelu_tanh_matches_the_tanh_form() {
+        // ggml's ggml_gelu_f32, in f64, over the range where it is not 0 or x.
+        let mut x = -12.0f32;
+        while x <= 12.0 {
+            let g = x as f64;
+            let want =
+                0.5 * g * (1.0 + (0.797_884_560_802_865_4 * g * (1.0 + 0.044715 * g * g)).tanh());
+            let got = gelu_tanh(x) as f64;
+            assert!(
+                (got - want).abs() <= 4e-7 * (1.0 + want.abs()),
+                "gelu({x}) = {got}, want {want}"
+            );
+            x += 0.0137;
+        }
+        assert_eq!(gelu_tanh(0.0), 0.0);
+        assert_eq!(gelu_tanh(100.0), 100.0);
+        assert!(gelu_tanh(-100.0).abs() < 1e-30);
+    }
+
+    #[test]
+    fn tanh_is_close_to_std() {
+        let mut x = -30.0f32;
+        while x <= 30.0 {
+            let want = (x as f64).tanh();
+            let got = tanh(x) as f64;
+            assert!((got - want).abs() < 2e-7, "tanh({x}) = {got}, want {want}");
+            x += 0.0071;
+        }
+        assert_eq!((tanh(0.0), tanh(100.0), tanh(-100.0)), (0.0, 1.0, -1.0));
+    }
+
+    #[test]
+    fn softcap_bounds_and_keeps_small_values() {
+        let mut x = vec![0.0f32, 1.0, -3.0, 1e4, -1e4];
+        softcap(&mut x, 30.0);
+        assert_eq!(x[0], 0.0);
+        assert!((x[1] - 30.0 * (1.0f32 / 30.0).tanh()).abs() < 1e-6 && (x[1] - 1.0).abs() < 1e-3);
+        assert!((x[2] + 3.0).abs() < 0.01);
+        assert_eq!((x[3], x[4]), (30.0, -30.0));
     }
 
     #[test]

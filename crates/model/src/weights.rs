@@ -68,7 +68,7 @@ impl Weight {
 
 /// The feed-forward network of one block.
 pub enum Ffn {
-    /// SwiGLU: `down(silu(gate x) * up x)`.
+    /// Gated: `down(act(gate x) * up x)` (SwiGLU, GeGLU).
     Dense {
         /// `[n_embd, n_ff]`
         gate: Weight,
@@ -77,7 +77,7 @@ pub enum Ffn {
         /// `[n_ff, n_embd]`
         down: Weight,
     },
-    /// Routed experts: softmax router, top-k, SwiGLU experts, weighted sum.
+    /// Routed experts: softmax router, top-k, gated experts, weighted sum.
     Moe {
         /// Router `[n_embd, n_expert]`.
         gate_inp: Weight,
@@ -112,8 +112,12 @@ pub struct Layer {
     pub q_norm: Option<Vec<f32>>,
     /// `[head_dim]`, shared by all key heads (Qwen3)
     pub k_norm: Option<Vec<f32>>,
+    /// `[n_embd]`, on the attention output before the residual add (Gemma)
+    pub attn_post_norm: Option<Vec<f32>>,
     /// `[n_embd]`
     pub ffn_norm: Vec<f32>,
     /// Dense or routed.
     pub ffn: Ffn,
+    /// `[n_embd]`, on the FFN output before the residual add (Gemma)
+    pub ffn_post_norm: Option<Vec<f32>>,
 }

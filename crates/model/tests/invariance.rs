@@ -1,6 +1,8 @@
 //! Batch invariance: a sequence's logits are bit-identical alone or in a batch with other sequences,
 //! prefilled in one piece, in chunks or token by token, and with 1 or 2 threads.
 
+mod common;
+
 use std::path::Path;
 
 use hearth_model::{Batch, KvCache, KvType, Model, Scratch, ThreadPool};
@@ -85,9 +87,12 @@ fn run_wanting(
 }
 
 fn assert_invariant(name: &str) {
-    let model = fixture(name);
+    assert_model_invariant(name, &fixture(name));
+}
+
+fn assert_model_invariant(name: &str, model: &Model) {
     for kv_type in [KvType::F16, KvType::F32] {
-        let reference = run(&model, 1, 64, false, kv_type);
+        let reference = run(model, 1, 64, false, kv_type);
         for (threads, chunk, together) in [
             (2, 64, false),
             (1, 64, true),
@@ -96,7 +101,7 @@ fn assert_invariant(name: &str) {
             (1, 1, true),
             (2, 16, false),
         ] {
-            let got = run(&model, threads, chunk, together, kv_type);
+            let got = run(model, threads, chunk, together, kv_type);
             assert!(
                 got == reference,
                 "{name}: logits differ with {threads} threads, chunks of {chunk}, batched together: {together}, {kv_type:?}"
@@ -113,7 +118,7 @@ fn assert_invariant(name: &str) {
             })
             .collect();
         for chunk in [5, 2] {
-            let got = run_wanting(&model, 2, chunk, true, kv_type, every_third);
+            let got = run_wanting(model, 2, chunk, true, kv_type, every_third);
             assert!(
                 got == want,
                 "{name}: logits differ when only some rows want them"
@@ -135,4 +140,27 @@ fn qwen2_is_batch_invariant() {
 #[test]
 fn llama_is_batch_invariant() {
     assert_invariant("tiny-llama3.q4_k_m.gguf");
+}
+
+#[test]
+fn gemma3_is_batch_invariant() {
+    // A tiny random Gemma 3 in Q8_0 (8-bit activations, the fused GeGLU pass), a window of 5
+    // positions: rows of one task see different key ranges, and chunks start inside windows.
+    let tiny = common::Tiny {
+        ty: hearth_quant::GgmlType::Q8_0,
+        ..common::Tiny::gemma3()
+    };
+    let model = Model::load(tiny.build(3)).unwrap();
+    assert_model_invariant("tiny gemma3 q8_0", &model);
+}
+
+#[test]
+fn gemma2_is_batch_invariant() {
+    // Soft-capped attention scores (the kernels' tanh) and logits, on 8-bit activations.
+    let tiny = common::Tiny {
+        ty: hearth_quant::GgmlType::Q8_0,
+        ..common::Tiny::gemma2()
+    };
+    let model = Model::load(tiny.build(5)).unwrap();
+    assert_model_invariant("tiny gemma2 q8_0", &model);
 }

@@ -1,5 +1,7 @@
 //! The loader checks every required tensor, shape, type and hyperparameter up front and names every
-//! problem in one error.
+//! problem in one error; per-layer attributes come from the metadata as llama.cpp derives them.
+
+mod common;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -148,4 +150,108 @@ fn hyperparameter_errors_name_the_key() {
             "expected `{needle}`: {err}"
         );
     }
+}
+
+#[test]
+fn gemma3_layers_from_the_metadata() {
+    use common::{bools, Tiny};
+    let layers = |t: Tiny| {
+        let m = Model::load(t.build(1)).unwrap();
+        let c = m.config;
+        let w: Vec<Option<usize>> = c.layers.iter().map(|l| l.window).collect();
+        let bases: Vec<f32> = c.layers.iter().map(|l| c.ropes[l.rope].freq_base).collect();
+        (w, bases, c.layers[0].attn_scale, c.logit_softcap)
+    };
+    // Five sliding layers per global one; local RoPE base 10,000 unless the file says.
+    let (w, bases, scale, cap) = layers(Tiny::gemma3());
+    let (s, g) = (Some(5), None);
+    assert_eq!(w, [s, s, s, s, s, g, s]);
+    assert_eq!(bases, [1e4, 1e4, 1e4, 1e4, 1e4, 1e6, 1e4]);
+    assert_eq!((scale, cap), (1.0 / 32f32.sqrt(), None));
+    // The pattern as a period, as a list; a window of 0 turns sliding off; the file's local base.
+    let (w, ..) = layers(Tiny::gemma3().with("attention.sliding_window_pattern", Value::U32(3)));
+    assert_eq!(w, [s, s, g, s, s, g, s]);
+    let pattern = bools(&[false, true, false, false, false, false, true]);
+    let (w, ..) = layers(Tiny::gemma3().with("attention.sliding_window_pattern", pattern));
+    assert_eq!(w, [g, s, g, g, g, g, s]);
+    let (w, bases, ..) = layers(Tiny::gemma3().with("attention.sliding_window", Value::U32(0)));
+    assert_eq!((w, bases), (vec![None; 7], vec![1e6; 7]));
+    let (_, bases, ..) = layers(Tiny::gemma3().with("rope.freq_base_swa", Value::F32(500.0)));
+    assert_eq!(bases[..2], [500.0, 500.0]);
+    let (.., cap) = layers(Tiny::gemma3().with("final_logit_softcapping", Value::F32(30.0)));
+    assert_eq!(cap, Some(30.0));
+    // Gemma 3 27B (62 layers): query_pre_attn_scalar is n_embd / n_head, not head_dim.
+    let big = Tiny {
+        n_layer: 62,
+        ..Tiny::gemma3()
+    };
+    let (.., scale, _) = layers(big);
+    assert_eq!(scale, 1.0 / ((64 / 2) as f32).sqrt());
+    // A llama file's window is not read.
+    let m = Model::load(
+        Tiny::llama()
+            .with("attention.sliding_window", Value::U32(4))
+            .build(1),
+    )
+    .unwrap();
+    assert!(m.config.layers.iter().all(|l| l.window.is_none()));
+
+    for (key, value, needle) in [
+        (
+            "attention.sliding_window_pattern",
+            bools(&[true, false]),
+            "2 entries for 7 layers",
+        ),
+        (
+            "final_logit_softcapping",
+            Value::F32(-1.0),
+            "gemma3.final_logit_softcapping",
+        ),
+        (
+            "rope.freq_base_swa",
+            Value::F32(f32::NAN),
+            "gemma3.rope.freq_base_swa",
+        ),
+    ] {
+        let err = Model::load(Tiny::gemma3().with(key, value).build(1))
+            .err()
+            .unwrap_or_else(|| panic!("loaded despite {key}"));
+        assert!(
+            err.to_string().contains(needle),
+            "expected `{needle}`: {err}"
+        );
+    }
+}
+
+#[test]
+fn gemma2_defaults_as_llama_cpp() {
+    use common::Tiny;
+    // Without the keys: a window of 4096 on every other layer, the global RoPE table for all,
+    // attention and logits capped at 50 and 30.
+    let bare = Tiny {
+        extra: vec![],
+        ..Tiny::gemma2()
+    };
+    let c = Model::load(bare.build(1)).unwrap().config;
+    let w: Vec<Option<usize>> = c.layers.iter().map(|l| l.window).collect();
+    assert_eq!(w, [Some(4096), None, Some(4096), None]);
+    assert_eq!(c.ropes.len(), 1);
+    assert!(c.layers.iter().all(|l| l.attn_softcap == Some(50.0)));
+    assert_eq!(c.logit_softcap, Some(30.0));
+    // The file's values; a local base of its own keeps the global scale.
+    let c = Model::load(
+        Tiny::gemma2()
+            .with("rope.freq_base_swa", Value::F32(500.0))
+            .build(1),
+    )
+    .unwrap()
+    .config;
+    assert_eq!(c.layers[0].window, Some(5));
+    assert_eq!(
+        (c.layers[0].attn_softcap, c.logit_softcap),
+        (Some(2.0), Some(3.0))
+    );
+    let local = &c.ropes[c.layers[0].rope];
+    assert_eq!((local.freq_base, local.freq_scale), (500.0, 1.0));
+    assert_eq!(c.ropes[c.layers[1].rope].freq_base, 10_000.0);
 }

@@ -36,6 +36,7 @@
 //! [`TemplateError::ResourceLimit`] and nothing else is lost. Servers render that way; without
 //! isolation a template is trusted as much as the file or command line it comes from.
 
+pub mod builtin;
 mod clock;
 mod filters;
 pub mod isolated;

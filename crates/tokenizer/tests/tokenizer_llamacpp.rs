@@ -126,7 +126,11 @@ fn check_tokenizer(name: &str, tok: &Tokenizer, min_cases: usize) {
     let mut n = 0;
     for line in text.lines().skip(1) {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
-        let s = &strings[v["i"].as_u64().unwrap() as usize];
+        // By index into the shared strings, or written out (the Gemma-specific ones).
+        let s = match v.get("s") {
+            Some(s) => s.as_str().unwrap(),
+            None => strings[v["i"].as_u64().unwrap() as usize].as_str(),
+        };
         let add = v["add_special"].as_bool().unwrap();
         let parse = v["parse_special"].as_bool().unwrap();
         let want: Vec<u32> = v["ids"]
@@ -223,6 +227,26 @@ fn smollm2() {
         )),
     };
     check("smollm2", path);
+}
+
+/// Gemma3-270M's SentencePiece vocabulary of 262,144 tokens (user-defined runs of newlines, tabs and
+/// spaces; thousands of control tokens), with Gemma's own strings after the shared ones.
+#[test]
+fn gemma3() {
+    let path = match std::env::var("HEARTH_GEMMA3") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../.cache/models/gemma-3-270m-q4_k_m.gguf"
+        )),
+    };
+    assert!(
+        path.exists(),
+        "{} missing (set HEARTH_GEMMA3 or run scripts/test, which fetches it)",
+        path.display()
+    );
+    let tok = Tokenizer::open(&path).unwrap();
+    check_tokenizer("gemma3", &tok, 500);
 }
 
 /// Pre-tokenizers without a vocabulary of their own: the qwen2 vocabulary with another

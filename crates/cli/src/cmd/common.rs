@@ -336,8 +336,24 @@ impl ModelArgs {
     }
 }
 
-/// The chat template: `--chat-template FILE`, else the file's, else ChatML with a warning;
-/// rendered in isolated workers (see [`isolated`]).
+/// The template of a model file without one: its architecture's known format (Gemma's), else
+/// ChatML; with the note to log about it.
+pub fn fallback_template(arch: &str) -> (ChatTemplate, String) {
+    if let Some(f) = hearth_tokenizer::template::builtin::for_architecture(arch) {
+        if let Ok(t) = ChatTemplate::new(f.source) {
+            let note = format!(
+                "the model has no chat template; using the built-in '{}' format of {arch} models",
+                f.name
+            );
+            return (t, note);
+        }
+    }
+    let note = "the model has no chat template; using ChatML".to_string();
+    (ChatTemplate::chatml(), note)
+}
+
+/// The chat template: `--chat-template FILE`, else the file's, else [`fallback_template`]
+/// (noted); rendered in isolated workers (see [`isolated`]).
 pub fn chat_template(loaded: &Loaded, file: Option<&PathBuf>) -> Result<ChatTemplate> {
     let template = if let Some(f) = file {
         let src = std::fs::read_to_string(f)
@@ -352,8 +368,9 @@ pub fn chat_template(loaded: &Loaded, file: Option<&PathBuf>) -> Result<ChatTemp
         {
             Some(src) => ChatTemplate::new(src).context("the model's chat template")?,
             None => {
-                eprintln!("warning: the model has no chat template; using ChatML");
-                ChatTemplate::chatml()
+                let (template, note) = fallback_template(loaded.model.config.arch.name);
+                eprintln!("note: {note}");
+                template
             }
         }
     };

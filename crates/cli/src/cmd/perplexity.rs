@@ -50,7 +50,6 @@ pub fn run(args: Args) -> Result<()> {
     let first = n_ctx / 2;
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
     let pb = progress_bar(n_chunk as u64, "perplexity");
-    let mut logits = vec![0f32; n_ctx * c.n_vocab]; // [n_ctx, n_vocab]
     for chunk in 0..n_chunk {
         let mut toks = tokens[chunk * n_ctx..(chunk + 1) * n_ctx].to_vec();
         if add_bos {
@@ -63,7 +62,9 @@ pub fn run(args: Args) -> Result<()> {
             let end = (start + n_batch).min(n_ctx);
             let pos: Vec<usize> = (start..end).collect();
             let seq = vec![0; end - start];
-            let want = vec![true; end - start];
+            // Only the scored positions' logits: the LM head is most of the work on a large
+            // vocabulary, and a row's logits are the same whichever rows are asked for.
+            let want: Vec<bool> = pos.iter().map(|&p| p >= first && p + 1 < n_ctx).collect();
             let batch = Batch {
                 tokens: &toks[start..end],
                 pos: &pos,
@@ -73,13 +74,15 @@ pub fn run(args: Args) -> Result<()> {
             let out = m
                 .model
                 .forward(&m.pool, &mut kv, &mut scratch, &batch, None)?;
-            logits[start * c.n_vocab..end * c.n_vocab].copy_from_slice(out);
-        }
-        for j in first..n_ctx - 1 {
-            let lp = -(logprob(&logits[j * c.n_vocab..(j + 1) * c.n_vocab], toks[j + 1]) as f64);
-            nll += lp;
-            nll2 += lp * lp;
-            count += 1;
+            // Scored as they come, in position order: no [n_ctx, n_vocab] buffer (268 MB for
+            // Gemma3's vocabulary at -c 256).
+            let scored = pos.iter().zip(&want).filter(|(_, &w)| w);
+            for ((&p, _), row) in scored.zip(out.chunks_exact(c.n_vocab)) {
+                let lp = -(logprob(row, toks[p + 1]) as f64);
+                nll += lp;
+                nll2 += lp * lp;
+                count += 1;
+            }
         }
         pb.inc(1);
         pb.set_message(format!("perplexity ~{:.4}", (nll / count as f64).exp()));

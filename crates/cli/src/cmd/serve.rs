@@ -120,13 +120,13 @@ impl Args {
             )
             .with_context(|| format!("cannot open {}", path.display()))?;
             b.set_replies(replies);
-            let template = self.template(tpl.as_deref())?;
+            let template = self.template(tpl.as_deref(), None)?;
             return Ok((Arc::new(b), template));
         }
         let loaded = self.model.load_for(self.parallel)?;
         let meta = loaded.model.gguf().metadata();
         let src = meta.get_str("tokenizer.chat_template").map(str::to_string);
-        let template = self.template(src.as_deref())?;
+        let template = self.template(src.as_deref(), Some(loaded.model.config.arch.name))?;
         let info = ModelInfo::describe(
             &loaded.model,
             path,
@@ -152,18 +152,20 @@ impl Args {
         Ok((backend, template))
     }
 
-    /// The chat template, rendered in isolated workers. One that cannot render a sample
+    /// `--chat-template`, else the file's template, else the architecture's known format, else
+    /// ChatML; rendered in isolated workers. One that cannot render a sample
     /// conversation is reported now; the server still starts (its other endpoints work), and chat
     /// requests get the same error.
-    fn template(&self, from_file: Option<&str>) -> Result<ChatTemplate> {
+    fn template(&self, from_file: Option<&str>, arch: Option<&str>) -> Result<ChatTemplate> {
         let template = if let Some(f) = &self.chat_template {
             ChatTemplate::from_path(f).with_context(|| format!("chat template {}", f.display()))?
         } else {
             match from_file {
                 Some(src) => ChatTemplate::new(src).context("the model's chat template")?,
                 None => {
-                    tracing::warn!("the model has no chat template; using ChatML");
-                    ChatTemplate::chatml()
+                    let (template, note) = super::common::fallback_template(arch.unwrap_or(""));
+                    tracing::warn!("{note}");
+                    template
                 }
             }
         };

@@ -25,7 +25,7 @@ pub use layout::Quant;
 /// Arguments of `hearth synth`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The shape: qwen3-moe-30b-a3b, qwen3-moe-tiny or qwen3-dense-0.6b.
+    /// The shape: qwen3-moe-30b-a3b, qwen3-moe-tiny, qwen3-dense-0.6b, gemma3-tiny or gemma2-tiny.
     pub preset: String,
     /// The GGUF file to write.
     #[arg(short = 'o', long)]
@@ -98,6 +98,13 @@ pub fn run(args: Args) -> Result<()> {
         (format!("{a}.attention.key_length"), u(p.head_dim)),
         (format!("{a}.attention.value_length"), u(p.head_dim)),
     ];
+    if let Some(w) = p.sliding_window {
+        kv.push((format!("{a}.attention.sliding_window"), u(w)));
+    }
+    if let Some((attn, last)) = p.softcaps {
+        kv.push((format!("{a}.attn_logit_softcapping"), Value::F32(attn)));
+        kv.push((format!("{a}.final_logit_softcapping"), Value::F32(last)));
+    }
     if let Some(e) = p.experts {
         kv.push((format!("{a}.expert_count"), u(e.count)));
         kv.push((format!("{a}.expert_used_count"), u(e.used)));

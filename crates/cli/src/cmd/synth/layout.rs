@@ -242,20 +242,31 @@ pub fn plan(p: &Preset, n_layer: usize, n_vocab: usize, q: Quant) -> Vec<TensorS
             l,
             residual(qd),
         );
-        push(
-            b("attn_q_norm.weight"),
-            vec![p.head_dim],
-            None,
-            l,
-            Init::Norm,
-        );
-        push(
-            b("attn_k_norm.weight"),
-            vec![p.head_dim],
-            None,
-            l,
-            Init::Norm,
-        );
+        if p.qk_norm {
+            push(
+                b("attn_q_norm.weight"),
+                vec![p.head_dim],
+                None,
+                l,
+                Init::Norm,
+            );
+            push(
+                b("attn_k_norm.weight"),
+                vec![p.head_dim],
+                None,
+                l,
+                Init::Norm,
+            );
+        }
+        if p.post_norms {
+            push(
+                b("post_attention_norm.weight"),
+                vec![d],
+                None,
+                l,
+                Init::Norm,
+            );
+        }
         push(b("ffn_norm.weight"), vec![d], None, l, Init::Norm);
         match p.experts {
             Some(e) => {
@@ -311,6 +322,9 @@ pub fn plan(p: &Preset, n_layer: usize, n_vocab: usize, q: Quant) -> Vec<TensorS
                     residual(p.n_ff),
                 );
             }
+        }
+        if p.post_norms {
+            push(b("post_ffw_norm.weight"), vec![d], None, l, Init::Norm);
         }
     }
     out

@@ -34,6 +34,14 @@ pub struct Preset {
     pub experts: Option<Experts>,
     /// The LM head reads `token_embd` (no `output.weight`).
     pub tied: bool,
+    /// `{arch}.attention.sliding_window`: the architecture's sliding layers attend this far back.
+    pub sliding_window: Option<usize>,
+    /// `post_attention_norm` and `post_ffw_norm` in every layer (Gemma).
+    pub post_norms: bool,
+    /// `attn_q_norm` and `attn_k_norm` in every layer (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// `{arch}.attn_logit_softcapping` and `{arch}.final_logit_softcapping` (Gemma 2).
+    pub softcaps: Option<(f32, f32)>,
 }
 
 /// Every preset.
@@ -60,6 +68,10 @@ pub fn presets() -> Vec<Preset> {
                 ff: 768,
             }),
             tied: false,
+            sliding_window: None,
+            post_norms: false,
+            qk_norm: true,
+            softcaps: None,
         },
         // The fixtures' tiny-qwen3moe shape (q_dim 512 != hidden 256), with four layers so Q4_K_M's
         // alternate-layer rule shows.
@@ -82,6 +94,10 @@ pub fn presets() -> Vec<Preset> {
                 ff: 256,
             }),
             tied: false,
+            sliding_window: None,
+            post_norms: false,
+            qk_norm: true,
+            softcaps: None,
         },
         // Qwen3-0.6B (config.json): tie_word_embeddings true, max_position_embeddings 40960.
         Preset {
@@ -99,6 +115,56 @@ pub fn presets() -> Vec<Preset> {
             n_vocab: Some(151_936),
             experts: None,
             tied: true,
+            sliding_window: None,
+            post_norms: false,
+            qk_norm: true,
+            softcaps: None,
+        },
+        // A small Gemma 3: eight layers (sliding but for layer 5, Gemma 3's five-to-one pattern), a
+        // window of 16 positions so the fixtures' short prompts run past it, one KV head, GELU,
+        // post-norms, tied embeddings scaled by sqrt(n_embd).
+        Preset {
+            name: "gemma3-tiny",
+            arch: "gemma3",
+            n_layer: 8,
+            n_embd: 256,
+            n_ff: 512,
+            n_head: 4,
+            n_head_kv: 1,
+            head_dim: 64,
+            n_ctx: 2048,
+            rope_base: 1e6,
+            rms_eps: 1e-6,
+            n_vocab: None,
+            experts: None,
+            tied: true,
+            sliding_window: Some(16),
+            post_norms: true,
+            qk_norm: true,
+            softcaps: None,
+        },
+        // A small Gemma 2: four layers (0 and 2 slide), a window of 16, no Q/K norms, two KV
+        // heads, and the soft-caps lowered from Gemma 2's 50 (scores) and 30 (logits) to 1.5 and 3
+        // so that random weights reach them.
+        Preset {
+            name: "gemma2-tiny",
+            arch: "gemma2",
+            n_layer: 4,
+            n_embd: 256,
+            n_ff: 512,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_ctx: 2048,
+            rope_base: 10_000.0,
+            rms_eps: 1e-6,
+            n_vocab: None,
+            experts: None,
+            tied: true,
+            sliding_window: Some(16),
+            post_norms: true,
+            qk_norm: false,
+            softcaps: Some((1.5, 3.0)),
         },
     ]
 }
