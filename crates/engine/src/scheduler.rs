@@ -512,7 +512,10 @@ impl<'a> Engine<'a> {
         let n_vocab = self.model.config.n_vocab;
         let logits = self.scratch.logits();
         let tok = &*self.sh.tokenizer;
-        let mut generated = 0;
+        // The generated-token counter is held for the whole loop and bumped as each token is
+        // sampled, so a client that has just received its Done event (sent inside `sample`) and
+        // reads the counters waits for them to include its tokens.
+        let mut st = self.sh.stats.lock().unwrap_or_else(|e| e.into_inner());
         for (r, &i) in self.rows.iter().enumerate() {
             let slot = &mut self.slots[i];
             let Some(seq) = slot.active.as_mut() else {
@@ -522,17 +525,12 @@ impl<'a> Engine<'a> {
                 .copy_from_slice(&logits[r * n_vocab..(r + 1) * n_vocab]);
             let before = seq.n_gen();
             let outcome = seq.sample(&mut self.row_logits, &slot.tokens, tok);
-            generated += seq.n_gen() - before;
+            st.generated_tokens += (seq.n_gen() - before) as u64;
             if outcome.is_over() {
                 slot.active = None;
                 slot.used = self.step;
             }
         }
-        self.sh
-            .stats
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .generated_tokens += generated as u64;
     }
 }
 
