@@ -96,13 +96,8 @@ pub fn run(args: Args) -> Result<()> {
             .saturating_add(args.n_prompt.max(args.n_gen))
             .saturating_add(1)
             .max(16);
-        let el = if m.kv_type == hearth_model::KvType::F32 {
-            4
-        } else {
-            2
-        };
         let kv_need =
-            (n_ctx as u64).saturating_mul((c.n_layer * (c.k_dim() + c.v_dim()) * el) as u64);
+            (n_ctx as u64).saturating_mul(super::common::kv_bytes_per_token(model, m.kv_type));
         if let Some(avail) = super::common::mem_available_bytes() {
             anyhow::ensure!(
                 kv_need < avail,

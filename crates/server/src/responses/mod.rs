@@ -421,14 +421,9 @@ pub fn to_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
                         format!("{where_}: a function_call needs `name` and `call_id`"),
                     ));
                 };
-                let mut call = json!({"id": call_id, "type": "function", "function": {
+                let call = json!({"id": call_id, "type": "function", "function": {
                     "name": name, "arguments": field("arguments").unwrap_or("{}"),
                 }});
-                if let Some(Value::String(s)) = call["function"].get("arguments") {
-                    if let Ok(v @ Value::Object(_)) = serde_json::from_str::<Value>(s) {
-                        call["function"]["arguments"] = v;
-                    }
-                }
                 let joins = out
                     .last()
                     .is_some_and(|m| m["role"] == "assistant" && reasoning.is_none());
@@ -475,6 +470,12 @@ pub fn to_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
                 "ignoring a `{}` item in {where_}: Hearth does not read it",
                 other.unwrap_or("untyped")
             ),
+        }
+    }
+    // Arguments as objects, as chat completions' messages get them.
+    for m in &mut out {
+        if let Some(calls) = m.get_mut("tool_calls") {
+            fields::normalize_tool_calls(calls);
         }
     }
     Ok(out)
