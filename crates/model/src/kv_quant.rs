@@ -1,0 +1,395 @@
+//! Quantized KV rows, llama.cpp's `-ctk/-ctv q8_0|q4_0`: storing a token's K or V row, the scores
+//! of queries against a block of cached K rows, and a block of V rows back to f32.
+//!
+//! The rounding points are those of ggml-cpu's flash attention (`ggml_compute_forward_flash_attn_ext_f16`
+//! with a quantized K and V; its tiled and split-KV paths take only f16/f32 caches):
+//! - a K or V row is stored with the CPU `from_float` of the type (`ggml_compute_forward_set_rows`):
+//!   for Q8_0 the x86 `quantize_row_q8_0` (`id = 127 / amax`, round half to even; not the
+//!   reference `quantize_row_q8_0_ref`, `1 / d` and `roundf`, that `hearth_quant` writes weights
+//!   and activations with), for Q4_0 `quantize_row_q4_0_ref`. Hearth uses the x86 rule on every
+//!   architecture, so a row's bytes are the same everywhere (llama.cpp's NEON build differs);
+//! - the query is quantized to K's `vec_dot_type` (Q8_0 for both) with the same Q8_0 `from_float`,
+//!   and each score is K's `vec_dot` against it: an exact integer sum per 32-block, then one f32
+//!   chain `acc = fma(dk * dq, isum_b, acc)` over the blocks in order (`hearth_quant`'s SIMD kernels,
+//!   which compute it for any number of rows and tokens; ggml sums its lanes in another order);
+//! - V rows are dequantized to f32 (`to_float`, exact: one product `q * d` per element) and the
+//!   output is accumulated in f32 by attention as for an f16 cache.
+//!
+//! Every element's bytes or bits are a function of its own row (and query) only, and every kernel
+//! level (AVX-512, AVX2, scalar) gives the same bits: the scalar functions here are the twins the
+//! SIMD ones are tested against.
+
+use half::f16;
+#[cfg(target_arch = "x86_64")]
+use hearth_quant::simd::{vec_dot_matrix_at, Isa};
+use hearth_quant::{cast_blocks, cast_blocks_mut, BlockQ4_0, BlockQ8_0, GgmlType, Level};
+
+use crate::attention::KEYS;
+
+/// Elements per quant block of both types.
+pub(crate) const QK: usize = 32;
+
+/// A quantized KV type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum KvQuant {
+    /// 8-bit quants and an f16 scale per 32 elements (34 bytes).
+    Q8_0,
+    /// 4-bit quants and an f16 scale per 32 elements (18 bytes).
+    Q4_0,
+}
+
+impl KvQuant {
+    /// The GGML type.
+    pub(crate) fn ggml(self) -> GgmlType {
+        match self {
+            KvQuant::Q8_0 => GgmlType::Q8_0,
+            KvQuant::Q4_0 => GgmlType::Q4_0,
+        }
+    }
+
+    /// Bytes of one 32-element block.
+    pub(crate) fn block_bytes(self) -> usize {
+        match self {
+            KvQuant::Q8_0 => std::mem::size_of::<BlockQ8_0>(),
+            KvQuant::Q4_0 => std::mem::size_of::<BlockQ4_0>(),
+        }
+    }
+
+    /// Bytes of a row of `n` elements (`n` a multiple of [`QK`]).
+    pub(crate) fn row_bytes(self, n: usize) -> usize {
+        debug_assert!(n.is_multiple_of(QK));
+        n / QK * self.block_bytes()
+    }
+}
+
+/// Bytes of a Q8_0 query row of `n` elements.
+pub(crate) fn q8_row_bytes(n: usize) -> usize {
+    KvQuant::Q8_0.row_bytes(n)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Storing a row.
+
+/// Stores one row `src` (a token's K or V row, or a query) as `ty` blocks into `dst` (exactly
+/// `ty.row_bytes(src.len())` bytes), rounded as llama.cpp's CPU `from_float` (see the module).
+pub(crate) fn store_row(level: Level, ty: KvQuant, src: &[f32], dst: &mut [u8]) {
+    assert!(src.len().is_multiple_of(QK) && dst.len() == ty.row_bytes(src.len()));
+    match ty {
+        KvQuant::Q8_0 => {
+            let out: &mut [BlockQ8_0] = cast_blocks_mut(dst).expect("whole blocks");
+            #[cfg(target_arch = "x86_64")]
+            if level >= Level::Avx2 {
+                // SAFETY: the level is at most what the CPU supports (hearth_quant checks);
+                // lengths are checked above.
+                return unsafe { store_q8_0_avx2(src, out) };
+            }
+            let _ = level;
+            store_q8_0_scalar(src, out)
+        }
+        // Cold (one row per token and layer), so the reference quantizer at every level.
+        KvQuant::Q4_0 => {
+            hearth_quant::quantize_row_q4_0(src, cast_blocks_mut(dst).expect("whole blocks"))
+        }
+    }
+}
+
+/// `_mm_max_ps` on one lane: the second operand unless the first is greater (so a NaN in either
+/// gives the second).
+#[inline(always)]
+fn maxps(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// `vcvtps2dq` of an integral value, then the saturating packs to i8: out-of-range and NaN are
+/// `i32::MIN` there, so -128 here.
+#[inline(always)]
+fn pack_i8(r: f32) -> i8 {
+    let i = if r.is_nan() || !(-2_147_483_648.0..2_147_483_648.0).contains(&r) {
+        i32::MIN
+    } else {
+        r as i32
+    };
+    i.clamp(-128, 127) as i8
+}
+
+/// The scale (f16 bits, LE) and multiplier of a Q8_0 block whose maximum magnitude is `amax`.
+#[inline(always)]
+fn q8_scale(amax: f32) -> ([u8; 2], f32) {
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    (f16::from_f32(d).to_bits().to_le_bytes(), id)
+}
+
+/// ggml-cpu's x86 `quantize_row_q8_0`, lane for lane: the maximum magnitude reduced in its
+/// order (which decides the result only for NaN), `id = 127 / amax`, round half to even.
+fn store_q8_0_scalar(src: &[f32], out: &mut [BlockQ8_0]) {
+    for (x, b) in src.chunks_exact(QK).zip(out) {
+        let mut m = [0f32; 8];
+        for (l, m) in m.iter_mut().enumerate() {
+            *m = x[l].abs();
+            for r in 1..4 {
+                *m = maxps(*m, x[8 * r + l].abs());
+            }
+        }
+        let m4: [f32; 4] = std::array::from_fn(|l| maxps(m[l + 4], m[l]));
+        let amax = maxps(maxps(m4[0], m4[2]), maxps(m4[1], m4[3]));
+        let (d, id) = q8_scale(amax);
+        b.d = d;
+        for (q, &v) in b.qs.iter_mut().zip(x) {
+            *q = pack_i8((v * id).round_ties_even());
+        }
+    }
+}
+
+/// [`store_q8_0_scalar`] with AVX2: llama.cpp's own instruction sequence.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store_q8_0_avx2(src: &[f32], out: &mut [BlockQ8_0]) {
+    use std::arch::x86_64::*;
+    for (x, b) in src.chunks_exact(QK).zip(out) {
+        let v: [__m256; 4] = std::array::from_fn(|r| _mm256_loadu_ps(x[8 * r..].as_ptr()));
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_andnot_ps(sign, v[0]);
+        for r in &v[1..] {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *r));
+        }
+        let m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        let (d, id) = q8_scale(_mm_cvtss_f32(m4));
+        b.d = d;
+        let mul = _mm256_set1_ps(id);
+        let i: [__m256i; 4] = std::array::from_fn(|r| {
+            _mm256_cvtps_epi32(_mm256_round_ps::<
+                { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+            >(_mm256_mul_ps(v[r], mul)))
+        });
+        let lo = _mm256_packs_epi32(i[0], i[1]);
+        let hi = _mm256_packs_epi32(i[2], i[3]);
+        let q = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(lo, hi),
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
+        );
+        _mm256_storeu_si256(b.qs.as_mut_ptr().cast(), q);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scores.
+
+/// Cached K rows of one KV head in one block: row `k` (`k < count`) is
+/// `data[k * stride..k * stride + ty.row_bytes(head_dim)]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KeyRows<'a> {
+    /// The type of the rows.
+    pub ty: KvQuant,
+    /// The bytes, starting at the head's first row.
+    pub data: &'a [u8],
+    /// Bytes from one row to the next (a whole token's K row).
+    pub stride: usize,
+    /// Rows, at most [`KEYS`].
+    pub count: usize,
+}
+
+/// The raw scores `q · k` of `n` queries (Q8_0 rows of `hd` elements back to back in `q`, as
+/// [`store_row`] writes them) against the block's keys: `out[j * KEYS + k]` for query `j` and key
+/// `k < keys.count`, zero for the lanes past it (`out`: `[n, KEYS]`). Each score is a function of
+/// its query row and key row only, the same bits at every level and for any `n`.
+pub(crate) fn scores(level: Level, hd: usize, keys: &KeyRows, q: &[u8], n: usize, out: &mut [f32]) {
+    let qb = q8_row_bytes(hd);
+    assert!(hd.is_multiple_of(QK) && keys.count <= KEYS && n * KEYS <= out.len());
+    assert!(q.len() >= n * qb);
+    let krow = keys.ty.row_bytes(hd);
+    assert!(keys.count == 0 || keys.data.len() >= (keys.count - 1) * keys.stride + krow);
+    for j in 0..n {
+        out[j * KEYS + keys.count..(j + 1) * KEYS].fill(0.0);
+    }
+    if keys.count == 0 || n == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level >= Level::Avx2 {
+        // hearth_quant's kernels compute the chain of `score_scalar` for any number of rows and
+        // tokens, at every SIMD set (its tests check the sets agree bit for bit).
+        let isa = if hearth_quant::kernel_level() == level {
+            hearth_quant::kernel_isa()
+        } else {
+            Isa::from(level)
+        };
+        let w = hearth_quant::Rows {
+            data: keys.data,
+            stride: keys.stride,
+            count: keys.count,
+        };
+        let a = hearth_quant::Rows {
+            data: &q[..n * qb],
+            stride: qb,
+            count: n,
+        };
+        return vec_dot_matrix_at(isa, keys.ty.ggml(), hd, w, a, out, KEYS);
+    }
+    let _ = level;
+    for j in 0..n {
+        let qj: &[BlockQ8_0] = cast_blocks(&q[j * qb..(j + 1) * qb]).expect("whole blocks");
+        for k in 0..keys.count {
+            let row = &keys.data[k * keys.stride..k * keys.stride + krow];
+            out[j * KEYS + k] = score_scalar(keys.ty, row, qj);
+        }
+    }
+}
+
+/// One score, the scalar twin of the SIMD kernels: per block the exact integer sum, then
+/// `acc = fma(dk * dq, isum, acc)` in block order.
+fn score_scalar(ty: KvQuant, k: &[u8], q: &[BlockQ8_0]) -> f32 {
+    let dq = |b: &BlockQ8_0| f16::from_le_bytes(b.d).to_f32();
+    let mut acc = 0f32;
+    match ty {
+        KvQuant::Q8_0 => {
+            let k: &[BlockQ8_0] = cast_blocks(k).expect("whole blocks");
+            for (k, q) in k.iter().zip(q) {
+                let isum: i32 =
+                    k.qs.iter()
+                        .zip(&q.qs)
+                        .map(|(&a, &b)| a as i32 * b as i32)
+                        .sum();
+                acc = (dq(k) * dq(q)).mul_add(isum as f32, acc);
+            }
+        }
+        KvQuant::Q4_0 => {
+            let k: &[BlockQ4_0] = cast_blocks(k).expect("whole blocks");
+            for (k, q) in k.iter().zip(q) {
+                let mut isum = 0i32;
+                for j in 0..QK / 2 {
+                    isum += ((k.qs[j] & 0x0f) as i32 - 8) * q.qs[j] as i32;
+                    isum += ((k.qs[j] >> 4) as i32 - 8) * q.qs[j + QK / 2] as i32;
+                }
+                let dk = f16::from_le_bytes(k.d).to_f32();
+                acc = (dk * dq(q)).mul_add(isum as f32, acc);
+            }
+        }
+    }
+    acc
+}
+
+// ---------------------------------------------------------------------------------------------
+// Values.
+
+/// Cached V rows of one KV head in one block, laid out as [`KeyRows`].
+pub(crate) type ValueRows<'a> = KeyRows<'a>;
+
+/// The block's V rows as f32: `out[k * hdv..(k + 1) * hdv]` for `k < vals.count` (`out`:
+/// `[count, hdv]`). Exact (`q * d`, one rounding), so every level writes the same bits.
+pub(crate) fn values(level: Level, hdv: usize, vals: &ValueRows, out: &mut [f32]) {
+    let row = vals.ty.row_bytes(hdv);
+    assert!(hdv.is_multiple_of(QK) && out.len() >= vals.count * hdv);
+    assert!(vals.count == 0 || vals.data.len() >= (vals.count - 1) * vals.stride + row);
+    for k in 0..vals.count {
+        let src = &vals.data[k * vals.stride..k * vals.stride + row];
+        let dst = &mut out[k * hdv..(k + 1) * hdv];
+        #[cfg(target_arch = "x86_64")]
+        if level >= Level::Avx2 {
+            // SAFETY: the level is at most what the CPU supports; lengths checked above.
+            unsafe {
+                match (level, vals.ty) {
+                    (Level::Avx512, KvQuant::Q8_0) => values_q8_0_avx512(src, dst),
+                    (Level::Avx512, KvQuant::Q4_0) => values_q4_0_avx512(src, dst),
+                    (_, KvQuant::Q8_0) => values_q8_0_avx2(src, dst),
+                    (_, KvQuant::Q4_0) => values_q4_0_avx2(src, dst),
+                }
+            }
+            continue;
+        }
+        let _ = level;
+        values_scalar(vals.ty, src, dst);
+    }
+}
+
+/// One row, the scalar twin: `hearth_quant`'s dequantizers (bit-exact with ggml's `to_float`).
+fn values_scalar(ty: KvQuant, src: &[u8], dst: &mut [f32]) {
+    match ty {
+        KvQuant::Q8_0 => hearth_quant::dequantize_row_q8_0(cast_blocks(src).expect("blocks"), dst),
+        KvQuant::Q4_0 => hearth_quant::dequantize_row_q4_0(cast_blocks(src).expect("blocks"), dst),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn values_q8_0_avx2(src: &[u8], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let blocks: &[BlockQ8_0] = cast_blocks(src).expect("blocks");
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = _mm256_set1_ps(f16::from_le_bytes(b.d).to_f32());
+        for c in 0..4 {
+            let q = _mm_loadl_epi64(b.qs[8 * c..].as_ptr().cast());
+            let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+            _mm256_storeu_ps(y[8 * c..].as_mut_ptr(), _mm256_mul_ps(f, d));
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn values_q4_0_avx2(src: &[u8], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let blocks: &[BlockQ4_0] = cast_blocks(src).expect("blocks");
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = _mm256_set1_ps(f16::from_le_bytes(b.d).to_f32());
+        let eight = _mm256_set1_epi32(8);
+        let nib = _mm256_set1_epi32(0x0f);
+        for c in 0..2 {
+            // Bytes 8c..8c + 8: elements 8c.. (low nibbles) and 16 + 8c.. (high nibbles).
+            let u = _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.qs[8 * c..].as_ptr().cast()));
+            let lo = _mm256_sub_epi32(_mm256_and_si256(u, nib), eight);
+            let hi = _mm256_sub_epi32(_mm256_srli_epi32::<4>(u), eight);
+            _mm256_storeu_ps(
+                y[8 * c..].as_mut_ptr(),
+                _mm256_mul_ps(_mm256_cvtepi32_ps(lo), d),
+            );
+            _mm256_storeu_ps(
+                y[16 + 8 * c..].as_mut_ptr(),
+                _mm256_mul_ps(_mm256_cvtepi32_ps(hi), d),
+            );
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn values_q8_0_avx512(src: &[u8], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let blocks: &[BlockQ8_0] = cast_blocks(src).expect("blocks");
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = _mm512_set1_ps(f16::from_le_bytes(b.d).to_f32());
+        for c in 0..2 {
+            let q = _mm_loadu_si128(b.qs[16 * c..].as_ptr().cast());
+            let f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+            _mm512_storeu_ps(y[16 * c..].as_mut_ptr(), _mm512_mul_ps(f, d));
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn values_q4_0_avx512(src: &[u8], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let blocks: &[BlockQ4_0] = cast_blocks(src).expect("blocks");
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = _mm512_set1_ps(f16::from_le_bytes(b.d).to_f32());
+        let u = _mm512_cvtepu8_epi32(_mm_loadu_si128(b.qs.as_ptr().cast()));
+        let eight = _mm512_set1_epi32(8);
+        let lo = _mm512_sub_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x0f)), eight);
+        let hi = _mm512_sub_epi32(_mm512_srli_epi32::<4>(u), eight);
+        _mm512_storeu_ps(y.as_mut_ptr(), _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
+        _mm512_storeu_ps(
+            y[16..].as_mut_ptr(),
+            _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests;
