@@ -7,6 +7,7 @@
 
 pub mod chat;
 pub mod generate;
+pub mod kv_pool;
 pub mod logits;
 pub mod sampler;
 pub mod scheduler;

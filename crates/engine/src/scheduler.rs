@@ -2,11 +2,14 @@
 //! pass per step.
 //!
 //! Each step holds one token of every decoding sequence and, in the budget left, a chunk of one or more
-//! prompts being prefilled, so new requests start without stalling running streams. Every sequence
-//! owns a slot of the KV cache; a finished slot keeps its tokens as a prefix cache, and a new request
-//! takes the slot whose cached tokens share the longest prefix with its prompt (copying a longer
-//! prefix from another slot when one exists), so a multi-turn chat only prefills what is new.
-//! Because the model is batch-invariant, a request's tokens do not depend on what else runs.
+//! prompts being prefilled, so new requests start without stalling running streams. The KV cache is
+//! one pool of blocks shared by every sequence ([`crate::kv_pool`]): `parallel` bounds how many run at
+//! once, not the memory each may use, and any of them may grow to the whole context. A request starts
+//! from the longest prefix of its prompt found in the pool, whichever conversation computed it and
+//! whether that sequence is still running (shared blocks) or finished (the prefix cache), so a
+//! multi-turn chat only prefills what is new. A request waits in the queue while the pool cannot hold
+//! its prompt. Because the model is batch-invariant, a request's tokens do not depend on what else
+//! runs or where its prefix came from.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -15,9 +18,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use hearth_constrain::Constraint;
-use hearth_model::{Batch, KvCache, KvType, Model, Scratch, ThreadPool};
+use hearth_model::{Batch, KvCache, KvType, Model, Scratch, ThreadPool, KV_BLOCK};
 use hearth_tokenizer::Tokenizer;
 
+use crate::kv_pool::{chain, chain_all, BlockPool};
 use crate::sequence::{Sequence, Ticket};
 use crate::service::{Backend, ModelInfo, Request, Sink, Stats, SubmitError};
 
@@ -36,6 +40,9 @@ pub struct SchedulerConfig {
     pub threads: usize,
     /// Tokens per forward pass (decode rows plus prefill chunks).
     pub n_batch: usize,
+    /// Token positions in the KV pool shared by all sequences (rounded up to whole blocks);
+    /// 0: `parallel * n_ctx`. At least one context's worth is always kept.
+    pub pool_tokens: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -47,6 +54,7 @@ impl Default for SchedulerConfig {
             kv_type: KvType::F16,
             threads: 2,
             n_batch: 512,
+            pool_tokens: 0,
         }
     }
 }
@@ -89,7 +97,7 @@ impl Scheduler {
         cfg: SchedulerConfig,
     ) -> Arc<Scheduler> {
         let c = &model.config;
-        let kv_capacity = cfg.parallel * cfg.n_ctx;
+        let kv_capacity = pool_blocks(&cfg) * KV_BLOCK;
         let n_expert = c.moe.as_ref().map_or(0, |m| m.n_expert);
         let shared = Arc::new(Shared {
             info,
@@ -238,12 +246,37 @@ pub fn check_request(req: &Request, n_ctx: usize, n_vocab: usize) -> Result<(), 
     Ok(())
 }
 
+/// Blocks of the KV pool for a configuration: its token budget, and never less than one full
+/// context plus a block of headroom per sequence.
+fn pool_blocks(cfg: &SchedulerConfig) -> usize {
+    let tokens = if cfg.pool_tokens == 0 {
+        cfg.parallel * cfg.n_ctx
+    } else {
+        cfg.pool_tokens
+    };
+    tokens
+        .div_ceil(KV_BLOCK)
+        .max(cfg.n_ctx.div_ceil(KV_BLOCK) + cfg.parallel)
+}
+
 struct Slot {
-    /// Tokens whose K/V are in this slot's cache, in order.
+    /// Tokens whose K/V are in this slot's blocks (`kv.table(slot)`), in order.
     tokens: Vec<u32>,
+    /// Hash chain of the full blocks of `tokens`.
+    hashes: Vec<u128>,
     active: Option<Sequence>,
-    /// Step at which the slot was last used (least recently used slots are reused first).
+    /// Step at which the slot was last used (prefill order: oldest first).
     used: u64,
+}
+
+impl Slot {
+    fn parent(&self, block: usize) -> u128 {
+        if block == 0 {
+            0
+        } else {
+            self.hashes[block - 1]
+        }
+    }
 }
 
 struct Engine<'a> {
@@ -251,6 +284,8 @@ struct Engine<'a> {
     sh: &'a Shared,
     pool: ThreadPool,
     kv: KvCache,
+    /// Who holds which block of `kv`, and the prefix cache.
+    blocks: BlockPool,
     scratch: Scratch,
     slots: Vec<Slot>,
     step: u64,
@@ -270,22 +305,26 @@ impl<'a> Engine<'a> {
         let c = &model.config;
         let cfg = &sh.cfg;
         let n_batch = cfg.n_batch.max(cfg.parallel);
+        let n_blocks = pool_blocks(cfg);
         Engine {
             model,
             sh,
             pool: ThreadPool::new(cfg.threads),
-            kv: KvCache::new(
+            kv: KvCache::pool(
+                n_blocks,
                 cfg.parallel,
-                c.n_layer,
                 cfg.n_ctx,
+                c.n_layer,
                 c.k_dim(),
                 c.v_dim(),
                 cfg.kv_type,
             ),
+            blocks: BlockPool::new(n_blocks),
             scratch: Scratch::new(model, n_batch),
             slots: (0..cfg.parallel)
                 .map(|_| Slot {
                     tokens: Vec::new(),
+                    hashes: Vec::new(),
                     active: None,
                     used: 0,
                 })
@@ -316,90 +355,180 @@ impl<'a> Engine<'a> {
                 continue;
             }
             // A failed step (a panic in the forward pass or in sampling) fails the sequences it
-            // held, whose caches may be half written; the others go on.
+            // held, whose blocks may be half written (they are freed, not cached); the others go on.
             let step = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()));
             if let Err(panic) = step {
                 let why = format!("internal error: {}", panic_message(&*panic));
                 tracing::error!("engine step failed: {why}");
-                for &i in &self.seq {
-                    let slot = &mut self.slots[i];
-                    slot.tokens.clear();
-                    if let Some(mut seq) = slot.active.take() {
+                let mut failed = self.seq.clone();
+                failed.dedup();
+                for i in failed {
+                    if let Some(mut seq) = self.slots[i].active.take() {
                         seq.fail(why.clone());
                     }
+                    self.retire(i, false);
                 }
             }
         }
     }
 
-    /// Moves waiting requests into free slots, reusing cached prefixes.
+    /// Lets go of a slot's blocks. With `cache`, its blocks stay in the pool as prefix cache
+    /// (its last partial block too); without, only the full blocks already indexed stay.
+    fn retire(&mut self, i: usize, cache: bool) {
+        let slot = &mut self.slots[i];
+        let n = slot.tokens.len();
+        let table = std::mem::take(self.kv.table_mut(i));
+        if cache && !n.is_multiple_of(KV_BLOCK) && table.len() > n / KV_BLOCK {
+            let b = n / KV_BLOCK;
+            self.blocks
+                .register_partial(table[b], slot.parent(b), &slot.tokens[b * KV_BLOCK..]);
+        }
+        self.blocks.release(&table);
+        slot.tokens.clear();
+        slot.hashes.clear();
+        debug_assert!(self.slots[i].active.is_none());
+    }
+
+    /// A block for slot `i` to write. None when every block is held.
+    fn alloc(&mut self) -> Option<u32> {
+        let (b, _evicted) = self.blocks.alloc()?;
+        Some(b)
+    }
+
+    /// Moves waiting requests into free slots, reusing the longest cached prefix in the pool. A
+    /// request waits while the pool cannot hold its prompt; one the whole pool could not hold is
+    /// refused.
     fn admit(&mut self) {
         loop {
             let Some(free) = self.slots.iter().position(|s| s.active.is_none()) else {
                 return;
             };
-            let Some(mut seq) = self
-                .sh
-                .queue
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop_front()
-            else {
+            let mut queue = self.sh.queue.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(seq) = queue.front() else {
                 return;
             };
+            let prompt = seq.prompt().to_vec();
+            // Keep at least the last prompt token to compute: its logits start the generation.
+            let limit = prompt.len() - 1;
+            let hashes = chain_all(&prompt);
+            let found = self.blocks.lookup(&prompt, &hashes, limit);
+            // Blocks for the rest of the prompt and the first generated token, beside those shared.
+            let need = (prompt.len() + 1).div_ceil(KV_BLOCK) - found.full.len();
+            let revived = found
+                .full
+                .iter()
+                .filter(|f| self.blocks.refs(f.0) == 0)
+                .count();
+            let running = self.slots.iter().filter(|s| s.active.is_some()).count();
+            let available = self.blocks.available() - revived;
+            if available < need + running {
+                if running > 0 {
+                    // Wait for running sequences to give blocks back.
+                    return;
+                }
+                let mut seq = queue.pop_front().expect("peeked");
+                drop(queue);
+                seq.fail(format!(
+                    "the prompt needs {} tokens of KV cache but the pool holds {} tokens",
+                    (need + found.full.len()) * KV_BLOCK,
+                    self.blocks.len() * KV_BLOCK
+                ));
+                continue;
+            }
+            let mut seq = queue.pop_front().expect("peeked");
+            drop(queue);
             // A request whose KV memory cannot be had fails alone.
             fail::fail_point!("kv::alloc", |_| {
                 seq.fail("the KV cache could not be allocated for this request".into());
             });
-            let prompt = seq.prompt();
-            // The idle slot sharing the longest prefix (LRU among equals); then maybe a longer prefix elsewhere.
-            let lcp = |t: &[u32]| {
-                t.iter()
-                    .zip(prompt.iter())
-                    .take_while(|(a, b)| a == b)
-                    .count()
-            };
-            let dst = (0..self.slots.len())
-                .filter(|&i| self.slots[i].active.is_none())
-                .max_by_key(|&i| {
-                    (
-                        lcp(&self.slots[i].tokens),
-                        std::cmp::Reverse(self.slots[i].used),
-                    )
-                })
-                .unwrap_or(free);
-            let own = lcp(&self.slots[dst].tokens);
-            let (src, best) = (0..self.slots.len())
-                .map(|i| (i, lcp(&self.slots[i].tokens)))
-                .max_by_key(|&(_, l)| l)
-                .unwrap_or((dst, 0));
-            // Keep at least the last prompt token to compute: its logits start the generation.
-            let limit = prompt.len() - 1;
-            let mut common = own.min(limit);
-            if src != dst && best.min(limit) > common + 16 {
-                common = best.min(limit);
-                self.kv.copy_prefix(src, dst, common);
-                let prefix = self.slots[src].tokens[..common].to_vec();
-                self.slots[dst].tokens = prefix;
+            let mut table: Vec<u32> = found.full.iter().map(|f| f.0).collect();
+            table.iter().for_each(|&b| self.blocks.retain(b));
+            let mut cached = table.len() * KV_BLOCK;
+            if let Some((src, rows)) = found.partial {
+                // Copy-on-write: the shared partial block is never written again; this sequence
+                // continues in a copy of its first rows. Held meanwhile so it is not the block evicted.
+                self.blocks.retain(src);
+                let dst = self.alloc().expect("counted available");
+                self.kv.copy_block(src, dst, rows);
+                self.blocks.release(&[src]);
+                table.push(dst);
+                cached += rows;
+            }
+            while table.len() < (prompt.len() + 1).div_ceil(KV_BLOCK) {
+                table.push(self.alloc().expect("counted available"));
             }
             {
                 let mut st = self.sh.stats.lock().unwrap_or_else(|e| e.into_inner());
-                st.cached_tokens += common as u64;
+                st.cached_tokens += cached as u64;
                 st.prefix_queries += 1;
                 st.prefix_query_tokens += limit as u64;
+                self.publish(&mut st);
             }
             seq.admitted();
-            seq.set_cached(common);
-            let slot = &mut self.slots[dst];
-            slot.tokens.truncate(common);
+            seq.set_cached(cached);
+            *self.kv.table_mut(free) = table;
+            let slot = &mut self.slots[free];
+            slot.tokens.clear();
+            slot.tokens.extend_from_slice(&prompt[..cached]);
+            slot.hashes.clear();
+            slot.hashes.extend_from_slice(&hashes[..cached / KV_BLOCK]);
             slot.used = self.step;
             slot.active = Some(seq);
+        }
+    }
+
+    /// Gives every decoding sequence about to write into a new block that block; one that cannot
+    /// have it (the pool is full of other sequences' blocks) ends with an error, and nothing else
+    /// is touched.
+    fn grow(&mut self) {
+        for i in 0..self.slots.len() {
+            let Some(seq) = self.slots[i].active.as_ref() else {
+                continue;
+            };
+            if seq.pending().is_none() {
+                continue;
+            }
+            let pos = self.slots[i].tokens.len();
+            if pos / KV_BLOCK < self.kv.table(i).len() {
+                continue;
+            }
+            match self.alloc() {
+                Some(b) => self.kv.table_mut(i).push(b),
+                None => {
+                    if let Some(mut seq) = self.slots[i].active.take() {
+                        seq.fail(format!(
+                            "the KV cache pool ({} tokens) is full: generation stopped after {} tokens",
+                            self.blocks.len() * KV_BLOCK,
+                            seq.n_gen()
+                        ));
+                    }
+                    self.retire(i, true);
+                }
+            }
+        }
+    }
+
+    /// After a step: the slot's tokens are in its blocks; blocks it has just filled join the
+    /// prefix index, so concurrent and later requests can share them.
+    fn extend(&mut self, i: usize, t: u32) {
+        let slot = &mut self.slots[i];
+        slot.tokens.push(t);
+        let n = slot.tokens.len();
+        if n.is_multiple_of(KV_BLOCK) {
+            let b = n / KV_BLOCK - 1;
+            let parent = slot.parent(b);
+            let h = chain(parent, &slot.tokens[b * KV_BLOCK..]);
+            slot.hashes.push(h);
+            let block = self.kv.table(i)[b];
+            self.blocks
+                .register_full(block, parent, h, &slot.tokens[b * KV_BLOCK..]);
         }
     }
 
     /// One batched forward pass over every active sequence.
     fn step(&mut self) {
         self.step += 1;
+        self.grow();
         let n_batch = self.scratch.max_tokens();
         self.tokens.clear();
         self.pos.clear();
@@ -469,22 +598,22 @@ impl<'a> Engine<'a> {
         let result = self
             .model
             .forward(&self.pool, &mut self.kv, &mut self.scratch, &batch, None);
-        match result {
-            Ok(_) => {}
-            Err(e) => {
-                let msg = e.to_string();
-                for &i in &self.seq {
-                    if let Some(mut seq) = self.slots[i].active.take() {
-                        seq.fail(msg.clone());
-                    }
+        if let Err(e) = result {
+            let msg = e.to_string();
+            let mut failed = self.seq.clone();
+            failed.dedup();
+            for i in failed {
+                if let Some(mut seq) = self.slots[i].active.take() {
+                    seq.fail(msg.clone());
                 }
-                return;
+                self.retire(i, false);
             }
+            return;
         }
         let dt = t0.elapsed().as_secs_f64();
         // The batch's tokens are now in the cache.
-        for (t, &i) in self.tokens.iter().zip(&self.seq) {
-            self.slots[i].tokens.push(*t);
+        for r in 0..self.tokens.len() {
+            self.extend(self.seq[r], self.tokens[r]);
         }
         for &(i, n) in &self.chunks {
             if let Some(seq) = self.slots[i].active.as_mut() {
@@ -504,7 +633,6 @@ impl<'a> Engine<'a> {
             let total = self.tokens.len() as f64;
             st.prefill_seconds += dt * n_prefill as f64 / total;
             st.decode_seconds += dt * n_decode as f64 / total;
-            st.kv_used = self.slots.iter().map(|s| s.tokens.len()).sum();
             st.expert_load.clear();
             st.expert_load.extend_from_slice(self.scratch.expert_load());
         }
@@ -512,10 +640,12 @@ impl<'a> Engine<'a> {
         let n_vocab = self.model.config.n_vocab;
         let logits = self.scratch.logits();
         let tok = &*self.sh.tokenizer;
-        // The generated-token counter is held for the whole loop and bumped as each token is
-        // sampled, so a client that has just received its Done event (sent inside `sample`) and
-        // reads the counters waits for them to include its tokens.
-        let mut st = self.sh.stats.lock().unwrap_or_else(|e| e.into_inner());
+        // The counters are held for the whole loop and bumped as each token is sampled, so a
+        // client that has just received its Done event (sent inside `sample`) and reads them waits
+        // for them to include its tokens and its released blocks.
+        let sh = self.sh;
+        let mut st = sh.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let mut over = Vec::new();
         for (r, &i) in self.rows.iter().enumerate() {
             let slot = &mut self.slots[i];
             let Some(seq) = slot.active.as_mut() else {
@@ -529,8 +659,20 @@ impl<'a> Engine<'a> {
             if outcome.is_over() {
                 slot.active = None;
                 slot.used = self.step;
+                over.push(i);
             }
         }
+        for i in over {
+            self.retire(i, true);
+        }
+        self.publish(&mut st);
+    }
+
+    /// The pool's state into the counters.
+    fn publish(&self, st: &mut Stats) {
+        st.kv_used = self.slots.iter().map(|s| s.tokens.len()).sum();
+        st.kv_cached_blocks = self.blocks.cached();
+        st.kv_held_blocks = self.blocks.len() - self.blocks.available();
     }
 }
 

@@ -164,6 +164,10 @@ pub struct Stats {
     pub kv_used: usize,
     /// KV cache capacity in cells.
     pub kv_capacity: usize,
+    /// KV pool blocks held by running sequences.
+    pub kv_held_blocks: usize,
+    /// KV pool blocks held by no sequence and kept as prefix cache.
+    pub kv_cached_blocks: usize,
     /// Per expert, how many (token, layer) routings chose it (MoE models; empty otherwise).
     pub expert_load: Vec<u64>,
 }
