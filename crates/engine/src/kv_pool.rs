@@ -261,18 +261,7 @@ impl BlockPool {
             }
         }
         let start = m.full.len() * BLOCK;
-        let rest = &prompt[start..limit.max(start)];
-        if !rest.is_empty() {
-            let best = self.children.get(&parent).and_then(|c| {
-                c.iter()
-                    .map(|&b| {
-                        let t = &self.meta[b as usize].tokens;
-                        (b, t.iter().zip(rest).take_while(|(a, b)| a == b).count())
-                    })
-                    .max_by_key(|&(b, n)| (n, std::cmp::Reverse(b)))
-            });
-            m.partial = best.filter(|&(_, n)| n > 0);
-        }
+        m.partial = self.best_partial(parent, &prompt[start..limit.max(start)]);
         for &(b, _) in &m.full {
             self.touch(b);
         }
@@ -280,6 +269,28 @@ impl BlockPool {
             self.touch(b);
         }
         m
+    }
+
+    /// The indexed block after a prefix with hash `parent` whose tokens share the most with `rest`
+    /// (at least one): `(block, tokens shared)`.
+    pub fn best_partial(&self, parent: u128, rest: &[u32]) -> Option<(u32, usize)> {
+        if rest.is_empty() {
+            return None;
+        }
+        let best = self.children.get(&parent).and_then(|c| {
+            c.iter()
+                .map(|&b| {
+                    let t = &self.meta[b as usize].tokens;
+                    (b, t.iter().zip(rest).take_while(|(a, b)| a == b).count())
+                })
+                .max_by_key(|&(b, n)| (n, std::cmp::Reverse(b)))
+        });
+        best.filter(|&(_, n)| n > 0)
+    }
+
+    /// The indexed full blocks and their hashes.
+    pub fn full_blocks(&self) -> impl Iterator<Item = (u32, u128)> + '_ {
+        self.full.iter().map(|(&h, &b)| (b, h))
     }
 
     /// Whether a full block with this hash is indexed.

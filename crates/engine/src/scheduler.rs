@@ -21,6 +21,7 @@ use hearth_constrain::Constraint;
 use hearth_model::{Batch, KvCache, KvType, Model, Scratch, ThreadPool, KV_BLOCK};
 use hearth_tokenizer::Tokenizer;
 
+use crate::disk_cache::{cache_namespace, DiskCache, DiskCacheConfig};
 use crate::kv_pool::{chain, chain_all, BlockPool};
 use crate::sequence::{Sequence, Ticket};
 use crate::service::{Backend, ModelInfo, Request, Sink, Stats, SubmitError};
@@ -43,6 +44,11 @@ pub struct SchedulerConfig {
     /// Token positions in the KV pool shared by all sequences (rounded up to whole blocks);
     /// 0: `parallel * n_ctx`. At least one context's worth is always kept.
     pub pool_tokens: usize,
+    /// The disk tier of the prefix cache (`--cache-dir`), or None for none.
+    pub disk: Option<DiskCacheConfig>,
+    /// [`model_identity`](crate::disk_cache::model_identity) of the model file, part of the disk
+    /// cache's namespace; 0 when unknown (then the disk tier stays off).
+    pub model_identity: u128,
 }
 
 impl Default for SchedulerConfig {
@@ -55,12 +61,18 @@ impl Default for SchedulerConfig {
             threads: 2,
             n_batch: 512,
             pool_tokens: 0,
+            disk: None,
+            model_identity: 0,
         }
     }
 }
 
 /// Prompt tokens per step while other sequences are decoding.
 const PREFILL_CHUNK_WHILE_DECODING: usize = 128;
+
+/// Bytes of blocks a finishing sequence hands to the disk tier inside a step (a copy each); the
+/// rest go when the engine is idle, or when they are evicted.
+const DISK_PUT_PER_RETIRE: usize = 64 << 20;
 
 struct Shared {
     info: ModelInfo,
@@ -286,6 +298,12 @@ struct Engine<'a> {
     kv: KvCache,
     /// Who holds which block of `kv`, and the prefix cache.
     blocks: BlockPool,
+    /// The disk tier of the prefix cache.
+    disk: Option<DiskCache>,
+    /// A block's bytes on their way to the disk tier.
+    export: Vec<u8>,
+    /// Blocks the disk tier did not take when idle (a failed write, a full disk): not retried.
+    unsaved: std::collections::HashSet<u128>,
     scratch: Scratch,
     slots: Vec<Slot>,
     step: u64,
@@ -320,6 +338,9 @@ impl<'a> Engine<'a> {
                 cfg.kv_type,
             ),
             blocks: BlockPool::new(n_blocks),
+            disk: open_disk(cfg, c),
+            export: Vec::new(),
+            unsaved: Default::default(),
             scratch: Scratch::new(model, n_batch),
             slots: (0..cfg.parallel)
                 .map(|_| Slot {
@@ -348,9 +369,19 @@ impl<'a> Engine<'a> {
                 let q = self.sh.queue.lock().unwrap_or_else(|e| e.into_inner());
                 if q.is_empty() {
                     if self.sh.shutdown.load(Ordering::Acquire) {
+                        drop(q);
+                        // Nothing lost at a restart: every cached block goes to disk.
+                        while self.save_cached(DISK_PUT_PER_RETIRE) {}
                         return;
                     }
-                    let _ = self.sh.wake.wait_timeout(q, Duration::from_millis(200));
+                    drop(q);
+                    // Idle: blocks that did not fit the disk tier's queue earlier go now.
+                    if !self.save_cached(DISK_PUT_PER_RETIRE) {
+                        let q = self.sh.queue.lock().unwrap_or_else(|e| e.into_inner());
+                        if q.is_empty() && !self.sh.shutdown.load(Ordering::Acquire) {
+                            let _ = self.sh.wake.wait_timeout(q, Duration::from_millis(200));
+                        }
+                    }
                 }
                 continue;
             }
@@ -378,6 +409,25 @@ impl<'a> Engine<'a> {
         let slot = &mut self.slots[i];
         let n = slot.tokens.len();
         let table = std::mem::take(self.kv.table_mut(i));
+        if cache {
+            let mut budget = DISK_PUT_PER_RETIRE;
+            for (&b, &h) in table.iter().zip(&slot.hashes) {
+                if budget < self.kv.block_bytes() {
+                    break;
+                }
+                if put_block(
+                    &self.disk,
+                    &self.kv,
+                    &mut self.export,
+                    b,
+                    h,
+                    self.blocks.tokens(b),
+                ) {
+                    budget -= self.kv.block_bytes();
+                }
+            }
+        }
+        let slot = &mut self.slots[i];
         if cache && !n.is_multiple_of(KV_BLOCK) && table.len() > n / KV_BLOCK {
             let b = n / KV_BLOCK;
             self.blocks
@@ -389,10 +439,85 @@ impl<'a> Engine<'a> {
         debug_assert!(self.slots[i].active.is_none());
     }
 
-    /// A block for slot `i` to write. None when every block is held.
+    /// A block to write. None when every block is held. An evicted full block goes to the disk
+    /// tier first (a copy; the write happens on the tier's thread).
     fn alloc(&mut self) -> Option<u32> {
-        let (b, _evicted) = self.blocks.alloc()?;
+        let (b, evicted) = self.blocks.alloc()?;
+        if let Some(ev) = evicted {
+            if let Some(h) = ev.hash {
+                put_block(&self.disk, &self.kv, &mut self.export, b, h, &ev.tokens);
+            }
+        }
         Some(b)
+    }
+
+    /// Hands cached full blocks not yet on disk to the disk tier, up to `budget` bytes, and waits
+    /// for them to be written. Returns whether any were.
+    fn save_cached(&mut self, budget: usize) -> bool {
+        let Some(disk) = &self.disk else {
+            return false;
+        };
+        let todo: Vec<(u32, u128)> = self
+            .blocks
+            .full_blocks()
+            .filter(|&(_, h)| !disk.contains(h) && !self.unsaved.contains(&h))
+            .take((budget / self.kv.block_bytes().max(1)).max(1))
+            .collect();
+        for &(b, h) in &todo {
+            put_block(
+                &self.disk,
+                &self.kv,
+                &mut self.export,
+                b,
+                h,
+                self.blocks.tokens(b),
+            );
+        }
+        if let Some(disk) = &self.disk {
+            disk.flush();
+            for &(_, h) in &todo {
+                if !disk.contains(h) {
+                    self.unsaved.insert(h);
+                }
+            }
+        }
+        !todo.is_empty()
+    }
+
+    /// Extends a prompt's cached prefix with the blocks found on disk after the first `have`
+    /// blocks (`table` holds them): each is read into a new block and indexed. Returns the blocks
+    /// read.
+    fn load_from_disk(
+        &mut self,
+        prompt: &[u32],
+        hashes: &[u128],
+        limit: usize,
+        table: &mut Vec<u32>,
+    ) -> usize {
+        let mut n = 0;
+        while let Some(disk) = &self.disk {
+            let i = table.len();
+            if (i + 1) * KV_BLOCK > limit || !disk.contains(hashes[i]) {
+                break;
+            }
+            let tokens = &prompt[i * KV_BLOCK..(i + 1) * KV_BLOCK];
+            let Some(bytes) = disk.get(hashes[i], tokens) else {
+                break;
+            };
+            let Some(b) = self.alloc() else {
+                break;
+            };
+            if let Err(e) = self.kv.import_block(b, &bytes) {
+                tracing::warn!("disk cache: block {:032x} does not fit: {e}", hashes[i]);
+                self.blocks.release(&[b]);
+                break;
+            }
+            let parent = if i == 0 { 0 } else { hashes[i - 1] };
+            self.blocks.register_full(b, parent, hashes[i], tokens);
+            table.push(b);
+            n += 1;
+        }
+        n
     }
 
     /// Moves waiting requests into free slots, reusing the longest cached prefix in the pool. A
@@ -443,8 +568,15 @@ impl<'a> Engine<'a> {
             });
             let mut table: Vec<u32> = found.full.iter().map(|f| f.0).collect();
             table.iter().for_each(|&b| self.blocks.retain(b));
+            let from_disk = self.load_from_disk(&prompt, &hashes, limit, &mut table);
             let mut cached = table.len() * KV_BLOCK;
-            if let Some((src, rows)) = found.partial {
+            let partial = if from_disk == 0 {
+                found.partial
+            } else {
+                let rest = &prompt[cached..limit.max(cached)];
+                self.blocks.best_partial(hashes[table.len() - 1], rest)
+            };
+            if let Some((src, rows)) = partial {
                 // Copy-on-write: the shared partial block is never written again; this sequence
                 // continues in a copy of its first rows. Held meanwhile so it is not the block evicted.
                 self.blocks.retain(src);
@@ -462,6 +594,7 @@ impl<'a> Engine<'a> {
                 st.cached_tokens += cached as u64;
                 st.prefix_queries += 1;
                 st.prefix_query_tokens += limit as u64;
+                st.disk_cached_tokens += (from_disk * KV_BLOCK) as u64;
                 self.publish(&mut st);
             }
             seq.admitted();
@@ -674,6 +807,52 @@ impl<'a> Engine<'a> {
         st.kv_cached_blocks = self.blocks.cached();
         st.kv_held_blocks = self.blocks.len() - self.blocks.available();
     }
+}
+
+/// The disk tier of a configuration, when it has one and it opens; a tier that cannot open is
+/// logged and the server runs without it.
+fn open_disk(cfg: &SchedulerConfig, c: &hearth_model::Config) -> Option<DiskCache> {
+    let dc = cfg.disk.as_ref()?;
+    if cfg.model_identity == 0 {
+        tracing::warn!("the disk cache is off: the model file's identity is unknown");
+        return None;
+    }
+    let layout = format!(
+        "blocks of {KV_BLOCK} tokens: [n_layer {}, {KV_BLOCK}, k {}] then v {}",
+        c.n_layer,
+        c.k_dim(),
+        c.v_dim()
+    );
+    let ns = cache_namespace(cfg.model_identity, cfg.kv_type.name(), &layout);
+    match DiskCache::open(dc, ns) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            tracing::warn!("the disk cache is off: {e}");
+            None
+        }
+    }
+}
+
+/// Hands block `b` (full, hash `h`) to the disk tier unless it is there already. Returns whether it
+/// was handed over.
+fn put_block(
+    disk: &Option<DiskCache>,
+    kv: &KvCache,
+    buf: &mut Vec<u8>,
+    b: u32,
+    h: u128,
+    tokens: &[u32],
+) -> bool {
+    let Some(disk) = disk else {
+        return false;
+    };
+    if disk.contains(h) || tokens.len() != KV_BLOCK {
+        return false;
+    }
+    buf.clear();
+    kv.export_block(b, buf);
+    disk.put(h, tokens, std::mem::take(buf));
+    true
 }
 
 /// Computes the allowed-token masks of the constrained sequences about to sample, spread over the

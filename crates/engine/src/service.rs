@@ -146,6 +146,8 @@ pub struct Stats {
     pub prompt_tokens: u64,
     /// Prompt tokens served from the prefix cache (the prefix cache's hits, in tokens).
     pub cached_tokens: u64,
+    /// Of those, tokens read back from the disk tier.
+    pub disk_cached_tokens: u64,
     /// Requests that looked their prompt up in the prefix cache.
     pub prefix_queries: u64,
     /// The prompt tokens of those lookups (what a perfect cache would have served, but the last).

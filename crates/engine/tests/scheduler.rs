@@ -414,6 +414,7 @@ fn pool_config(parallel: usize, pool_tokens: usize) -> SchedulerConfig {
         threads: 2,
         n_batch: 128,
         pool_tokens,
+        ..SchedulerConfig::default()
     }
 }
 
@@ -522,4 +523,63 @@ fn request_ids(prompt: Vec<u32>, max: usize) -> Request {
         logprobs: None,
         constraint: None,
     }
+}
+
+fn disk_config(dir: &Path) -> SchedulerConfig {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/tiny-qwen3moe.q4_k_m.gguf");
+    SchedulerConfig {
+        disk: Some(hearth_engine::disk_cache::DiskCacheConfig {
+            dir: dir.to_path_buf(),
+            limit: 1 << 30,
+        }),
+        model_identity: hearth_engine::disk_cache::model_identity(&model).unwrap(),
+        ..pool_config(2, 0)
+    }
+}
+
+#[test]
+fn the_prefix_cache_survives_a_restart_on_disk_and_a_corrupt_disk_cache_is_survived() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = {
+        let s = start_with(pool_config(1, 0));
+        s.tokenizer().clone()
+    };
+    let p = long_prompt(&tok, 4 * KV_BLOCK + 30, "");
+    let s = start_with(disk_config(dir.path()));
+    let (cold, u) = traced(&s, &p, 12);
+    assert_eq!(u.n_cached, 0);
+    s.shutdown();
+    s.join();
+    // A new process: the full blocks come back from disk, with the same logits.
+    let s = start_with(disk_config(dir.path()));
+    let (warm, u) = traced(&s, &p, 12);
+    assert_eq!(u.n_cached, 4 * KV_BLOCK, "every full block of the prompt");
+    assert_eq!(warm, cold);
+    assert_eq!(s.stats().disk_cached_tokens, 4 * KV_BLOCK as u64);
+    s.shutdown();
+    s.join();
+    // Every cache file damaged (cut short, or a byte flipped): skipped, recomputed, same answer.
+    let mut files = vec![];
+    for ns in std::fs::read_dir(dir.path()).unwrap() {
+        for f in std::fs::read_dir(ns.unwrap().path()).unwrap() {
+            files.push(f.unwrap().path());
+        }
+    }
+    assert!(files.len() >= 4, "{files:?}");
+    for (i, f) in files.iter().enumerate() {
+        let mut bytes = std::fs::read(f).unwrap();
+        if i % 2 == 0 {
+            bytes.truncate(bytes.len() / 3);
+        } else {
+            let k = bytes.len() / 2;
+            bytes[k] ^= 0x40;
+        }
+        std::fs::write(f, bytes).unwrap();
+    }
+    std::fs::write(dir.path().join("stray-file"), b"not a cache").unwrap();
+    let s = start_with(disk_config(dir.path()));
+    let (again, u) = traced(&s, &p, 12);
+    assert_eq!(u.n_cached, 0);
+    assert_eq!(again, cold);
 }
