@@ -2,11 +2,14 @@
 //! pass per step.
 //!
 //! Each step holds one token of every decoding sequence and, in the budget left, a chunk of one or more
-//! prompts being prefilled, so new requests start without stalling running streams. Every sequence
-//! owns a slot of the KV cache; a finished slot keeps its tokens as a prefix cache, and a new request
-//! takes the slot whose cached tokens share the longest prefix with its prompt (copying a longer
-//! prefix from another slot when one exists), so a multi-turn chat only prefills what is new.
-//! Because the model is batch-invariant, a request's tokens do not depend on what else runs.
+//! prompts being prefilled, so new requests start without stalling running streams. The KV cache is
+//! one pool of blocks shared by every sequence ([`crate::kv_pool`]): `parallel` bounds how many run at
+//! once, not the memory each may use, and any of them may grow to the whole context. A request starts
+//! from the longest prefix of its prompt found in the pool, whichever conversation computed it and
+//! whether that sequence is still running (shared blocks) or finished (the prefix cache), so a
+//! multi-turn chat only prefills what is new. A request waits in the queue while the pool cannot hold
+//! its prompt. Because the model is batch-invariant, a request's tokens do not depend on what else
+//! runs or where its prefix came from.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -15,9 +18,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use hearth_constrain::Constraint;
-use hearth_model::{Batch, KvCache, KvType, Model, Scratch, ThreadPool};
+use hearth_model::{Batch, KvCache, KvType, Model, Scratch, ThreadPool, KV_BLOCK};
 use hearth_tokenizer::Tokenizer;
 
+use crate::disk_cache::{cache_namespace, DiskCache, DiskCacheConfig};
+use crate::kv_pool::{chain, chain_all, BlockPool};
 use crate::sequence::{Sequence, Ticket};
 use crate::service::{Backend, ModelInfo, Request, Sink, Stats, SubmitError};
 
@@ -36,6 +41,14 @@ pub struct SchedulerConfig {
     pub threads: usize,
     /// Tokens per forward pass (decode rows plus prefill chunks).
     pub n_batch: usize,
+    /// Token positions in the KV pool shared by all sequences (rounded up to whole blocks);
+    /// 0: `parallel * n_ctx`. At least one context's worth is always kept.
+    pub pool_tokens: usize,
+    /// The disk tier of the prefix cache (`--cache-dir`), or None for none.
+    pub disk: Option<DiskCacheConfig>,
+    /// [`model_identity`](crate::disk_cache::model_identity) of the model file, part of the disk
+    /// cache's namespace; 0 when unknown (then the disk tier stays off).
+    pub model_identity: u128,
 }
 
 impl Default for SchedulerConfig {
@@ -47,12 +60,19 @@ impl Default for SchedulerConfig {
             kv_type: KvType::F16,
             threads: 2,
             n_batch: 512,
+            pool_tokens: 0,
+            disk: None,
+            model_identity: 0,
         }
     }
 }
 
 /// Prompt tokens per step while other sequences are decoding.
 const PREFILL_CHUNK_WHILE_DECODING: usize = 128;
+
+/// Bytes of blocks a finishing sequence hands to the disk tier inside a step (a copy each); the
+/// rest go when the engine is idle, or when they are evicted.
+const DISK_PUT_PER_RETIRE: usize = 64 << 20;
 
 struct Shared {
     info: ModelInfo,
@@ -89,7 +109,7 @@ impl Scheduler {
         cfg: SchedulerConfig,
     ) -> Arc<Scheduler> {
         let c = &model.config;
-        let kv_capacity = cfg.parallel * cfg.n_ctx;
+        let kv_capacity = pool_blocks(&cfg) * KV_BLOCK;
         let n_expert = c.moe.as_ref().map_or(0, |m| m.n_expert);
         let shared = Arc::new(Shared {
             info,
@@ -238,12 +258,37 @@ pub fn check_request(req: &Request, n_ctx: usize, n_vocab: usize) -> Result<(), 
     Ok(())
 }
 
+/// Blocks of the KV pool for a configuration: its token budget, and never less than one full
+/// context plus a block of headroom per sequence.
+fn pool_blocks(cfg: &SchedulerConfig) -> usize {
+    let tokens = if cfg.pool_tokens == 0 {
+        cfg.parallel * cfg.n_ctx
+    } else {
+        cfg.pool_tokens
+    };
+    tokens
+        .div_ceil(KV_BLOCK)
+        .max(cfg.n_ctx.div_ceil(KV_BLOCK) + cfg.parallel)
+}
+
 struct Slot {
-    /// Tokens whose K/V are in this slot's cache, in order.
+    /// Tokens whose K/V are in this slot's blocks (`kv.table(slot)`), in order.
     tokens: Vec<u32>,
+    /// Hash chain of the full blocks of `tokens`.
+    hashes: Vec<u128>,
     active: Option<Sequence>,
-    /// Step at which the slot was last used (least recently used slots are reused first).
+    /// Step at which the slot was last used (prefill order: oldest first).
     used: u64,
+}
+
+impl Slot {
+    fn parent(&self, block: usize) -> u128 {
+        if block == 0 {
+            0
+        } else {
+            self.hashes[block - 1]
+        }
+    }
 }
 
 struct Engine<'a> {
@@ -251,6 +296,14 @@ struct Engine<'a> {
     sh: &'a Shared,
     pool: ThreadPool,
     kv: KvCache,
+    /// Who holds which block of `kv`, and the prefix cache.
+    blocks: BlockPool,
+    /// The disk tier of the prefix cache.
+    disk: Option<DiskCache>,
+    /// A block's bytes on their way to the disk tier.
+    export: Vec<u8>,
+    /// Blocks the disk tier did not take when idle (a failed write, a full disk): not retried.
+    unsaved: std::collections::HashSet<u128>,
     scratch: Scratch,
     slots: Vec<Slot>,
     step: u64,
@@ -270,22 +323,29 @@ impl<'a> Engine<'a> {
         let c = &model.config;
         let cfg = &sh.cfg;
         let n_batch = cfg.n_batch.max(cfg.parallel);
+        let n_blocks = pool_blocks(cfg);
         Engine {
             model,
             sh,
             pool: ThreadPool::new(cfg.threads),
-            kv: KvCache::new(
+            kv: KvCache::pool(
+                n_blocks,
                 cfg.parallel,
-                c.n_layer,
                 cfg.n_ctx,
+                c.n_layer,
                 c.k_dim(),
                 c.v_dim(),
                 cfg.kv_type,
             ),
+            blocks: BlockPool::new(n_blocks),
+            disk: open_disk(cfg, c),
+            export: Vec::new(),
+            unsaved: Default::default(),
             scratch: Scratch::new(model, n_batch),
             slots: (0..cfg.parallel)
                 .map(|_| Slot {
                     tokens: Vec::new(),
+                    hashes: Vec::new(),
                     active: None,
                     used: 0,
                 })
@@ -309,97 +369,299 @@ impl<'a> Engine<'a> {
                 let q = self.sh.queue.lock().unwrap_or_else(|e| e.into_inner());
                 if q.is_empty() {
                     if self.sh.shutdown.load(Ordering::Acquire) {
+                        drop(q);
+                        // Nothing lost at a restart: every cached block goes to disk.
+                        while self.save_cached(DISK_PUT_PER_RETIRE) {}
                         return;
                     }
-                    let _ = self.sh.wake.wait_timeout(q, Duration::from_millis(200));
+                    drop(q);
+                    // Idle: blocks that did not fit the disk tier's queue earlier go now.
+                    if !self.save_cached(DISK_PUT_PER_RETIRE) {
+                        let q = self.sh.queue.lock().unwrap_or_else(|e| e.into_inner());
+                        if q.is_empty() && !self.sh.shutdown.load(Ordering::Acquire) {
+                            let _ = self.sh.wake.wait_timeout(q, Duration::from_millis(200));
+                        }
+                    }
                 }
                 continue;
             }
             // A failed step (a panic in the forward pass or in sampling) fails the sequences it
-            // held, whose caches may be half written; the others go on.
+            // held, whose blocks may be half written (they are freed, not cached); the others go on.
             let step = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()));
             if let Err(panic) = step {
                 let why = format!("internal error: {}", panic_message(&*panic));
                 tracing::error!("engine step failed: {why}");
-                for &i in &self.seq {
-                    let slot = &mut self.slots[i];
-                    slot.tokens.clear();
-                    if let Some(mut seq) = slot.active.take() {
+                let mut failed = self.seq.clone();
+                failed.dedup();
+                for i in failed {
+                    if let Some(mut seq) = self.slots[i].active.take() {
                         seq.fail(why.clone());
                     }
+                    self.retire(i, false);
                 }
             }
         }
     }
 
-    /// Moves waiting requests into free slots, reusing cached prefixes.
+    /// Lets go of a slot's blocks. With `cache`, its blocks stay in the pool as prefix cache
+    /// (its last partial block too); without, only the full blocks already indexed stay.
+    fn retire(&mut self, i: usize, cache: bool) {
+        let slot = &mut self.slots[i];
+        let n = slot.tokens.len();
+        let table = std::mem::take(self.kv.table_mut(i));
+        if cache {
+            let mut budget = DISK_PUT_PER_RETIRE;
+            for (&b, &h) in table.iter().zip(&slot.hashes) {
+                if budget < self.kv.block_bytes() {
+                    break;
+                }
+                if put_block(
+                    &self.disk,
+                    &self.kv,
+                    &mut self.export,
+                    b,
+                    h,
+                    self.blocks.tokens(b),
+                ) {
+                    budget -= self.kv.block_bytes();
+                }
+            }
+        }
+        let slot = &mut self.slots[i];
+        if cache && !n.is_multiple_of(KV_BLOCK) && table.len() > n / KV_BLOCK {
+            let b = n / KV_BLOCK;
+            self.blocks
+                .register_partial(table[b], slot.parent(b), &slot.tokens[b * KV_BLOCK..]);
+        }
+        self.blocks.release(&table);
+        slot.tokens.clear();
+        slot.hashes.clear();
+        debug_assert!(self.slots[i].active.is_none());
+    }
+
+    /// A block to write. None when every block is held. An evicted full block goes to the disk
+    /// tier first (a copy; the write happens on the tier's thread).
+    fn alloc(&mut self) -> Option<u32> {
+        let (b, evicted) = self.blocks.alloc()?;
+        if let Some(ev) = evicted {
+            if let Some(h) = ev.hash {
+                put_block(&self.disk, &self.kv, &mut self.export, b, h, &ev.tokens);
+            }
+        }
+        Some(b)
+    }
+
+    /// Hands cached full blocks not yet on disk to the disk tier, up to `budget` bytes, and waits
+    /// for them to be written. Returns whether any were.
+    fn save_cached(&mut self, budget: usize) -> bool {
+        let Some(disk) = &self.disk else {
+            return false;
+        };
+        let todo: Vec<(u32, u128)> = self
+            .blocks
+            .full_blocks()
+            .filter(|&(_, h)| !disk.contains(h) && !self.unsaved.contains(&h))
+            .take((budget / self.kv.block_bytes().max(1)).max(1))
+            .collect();
+        for &(b, h) in &todo {
+            put_block(
+                &self.disk,
+                &self.kv,
+                &mut self.export,
+                b,
+                h,
+                self.blocks.tokens(b),
+            );
+        }
+        if let Some(disk) = &self.disk {
+            disk.flush();
+            for &(_, h) in &todo {
+                if !disk.contains(h) {
+                    self.unsaved.insert(h);
+                }
+            }
+        }
+        !todo.is_empty()
+    }
+
+    /// Extends a prompt's cached prefix with the blocks found on disk after the first `have`
+    /// blocks (`table` holds them): each is read into a new block and indexed. Returns the blocks
+    /// read.
+    fn load_from_disk(
+        &mut self,
+        prompt: &[u32],
+        hashes: &[u128],
+        limit: usize,
+        table: &mut Vec<u32>,
+    ) -> usize {
+        let mut n = 0;
+        while let Some(disk) = &self.disk {
+            let i = table.len();
+            if (i + 1) * KV_BLOCK > limit || !disk.contains(hashes[i]) {
+                break;
+            }
+            let tokens = &prompt[i * KV_BLOCK..(i + 1) * KV_BLOCK];
+            let Some(bytes) = disk.get(hashes[i], tokens) else {
+                break;
+            };
+            let Some(b) = self.alloc() else {
+                break;
+            };
+            if let Err(e) = self.kv.import_block(b, &bytes) {
+                tracing::warn!("disk cache: block {:032x} does not fit: {e}", hashes[i]);
+                self.blocks.release(&[b]);
+                break;
+            }
+            let parent = if i == 0 { 0 } else { hashes[i - 1] };
+            self.blocks.register_full(b, parent, hashes[i], tokens);
+            table.push(b);
+            n += 1;
+        }
+        n
+    }
+
+    /// Moves waiting requests into free slots, reusing the longest cached prefix in the pool. A
+    /// request waits while the pool cannot hold its prompt; one the whole pool could not hold is
+    /// refused.
     fn admit(&mut self) {
         loop {
             let Some(free) = self.slots.iter().position(|s| s.active.is_none()) else {
                 return;
             };
-            let Some(mut seq) = self
-                .sh
-                .queue
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop_front()
-            else {
+            let mut queue = self.sh.queue.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(seq) = queue.front() else {
                 return;
             };
+            let prompt = seq.prompt().to_vec();
+            // Keep at least the last prompt token to compute: its logits start the generation.
+            let limit = prompt.len() - 1;
+            let hashes = chain_all(&prompt);
+            let found = self.blocks.lookup(&prompt, &hashes, limit);
+            // Blocks for the rest of the prompt and the first generated token, beside those shared.
+            let need = (prompt.len() + 1).div_ceil(KV_BLOCK) - found.full.len();
+            let revived = found
+                .full
+                .iter()
+                .filter(|f| self.blocks.refs(f.0) == 0)
+                .count();
+            let running = self.slots.iter().filter(|s| s.active.is_some()).count();
+            let available = self.blocks.available() - revived;
+            if available < need + running {
+                if running > 0 {
+                    // Wait for running sequences to give blocks back.
+                    return;
+                }
+                let mut seq = queue.pop_front().expect("peeked");
+                drop(queue);
+                seq.fail(format!(
+                    "the prompt needs {} tokens of KV cache but the pool holds {} tokens",
+                    (need + found.full.len()) * KV_BLOCK,
+                    self.blocks.len() * KV_BLOCK
+                ));
+                continue;
+            }
+            let mut seq = queue.pop_front().expect("peeked");
+            drop(queue);
             // A request whose KV memory cannot be had fails alone.
             fail::fail_point!("kv::alloc", |_| {
                 seq.fail("the KV cache could not be allocated for this request".into());
             });
-            let prompt = seq.prompt();
-            // The idle slot sharing the longest prefix (LRU among equals); then maybe a longer prefix elsewhere.
-            let lcp = |t: &[u32]| {
-                t.iter()
-                    .zip(prompt.iter())
-                    .take_while(|(a, b)| a == b)
-                    .count()
+            let mut table: Vec<u32> = found.full.iter().map(|f| f.0).collect();
+            table.iter().for_each(|&b| self.blocks.retain(b));
+            let from_disk = self.load_from_disk(&prompt, &hashes, limit, &mut table);
+            let mut cached = table.len() * KV_BLOCK;
+            let partial = if from_disk == 0 {
+                found.partial
+            } else {
+                let rest = &prompt[cached..limit.max(cached)];
+                self.blocks.best_partial(hashes[table.len() - 1], rest)
             };
-            let dst = (0..self.slots.len())
-                .filter(|&i| self.slots[i].active.is_none())
-                .max_by_key(|&i| {
-                    (
-                        lcp(&self.slots[i].tokens),
-                        std::cmp::Reverse(self.slots[i].used),
-                    )
-                })
-                .unwrap_or(free);
-            let own = lcp(&self.slots[dst].tokens);
-            let (src, best) = (0..self.slots.len())
-                .map(|i| (i, lcp(&self.slots[i].tokens)))
-                .max_by_key(|&(_, l)| l)
-                .unwrap_or((dst, 0));
-            // Keep at least the last prompt token to compute: its logits start the generation.
-            let limit = prompt.len() - 1;
-            let mut common = own.min(limit);
-            if src != dst && best.min(limit) > common + 16 {
-                common = best.min(limit);
-                self.kv.copy_prefix(src, dst, common);
-                let prefix = self.slots[src].tokens[..common].to_vec();
-                self.slots[dst].tokens = prefix;
+            if let Some((src, rows)) = partial {
+                // Copy-on-write: the shared partial block is never written again; this sequence
+                // continues in a copy of its first rows. Held meanwhile so it is not the block evicted.
+                self.blocks.retain(src);
+                let dst = self.alloc().expect("counted available");
+                self.kv.copy_block(src, dst, rows);
+                self.blocks.release(&[src]);
+                table.push(dst);
+                cached += rows;
+            }
+            while table.len() < (prompt.len() + 1).div_ceil(KV_BLOCK) {
+                table.push(self.alloc().expect("counted available"));
             }
             {
                 let mut st = self.sh.stats.lock().unwrap_or_else(|e| e.into_inner());
-                st.cached_tokens += common as u64;
+                st.cached_tokens += cached as u64;
                 st.prefix_queries += 1;
                 st.prefix_query_tokens += limit as u64;
+                st.disk_cached_tokens += (from_disk * KV_BLOCK) as u64;
+                self.publish(&mut st);
             }
             seq.admitted();
-            seq.set_cached(common);
-            let slot = &mut self.slots[dst];
-            slot.tokens.truncate(common);
+            seq.set_cached(cached);
+            *self.kv.table_mut(free) = table;
+            let slot = &mut self.slots[free];
+            slot.tokens.clear();
+            slot.tokens.extend_from_slice(&prompt[..cached]);
+            slot.hashes.clear();
+            slot.hashes.extend_from_slice(&hashes[..cached / KV_BLOCK]);
             slot.used = self.step;
             slot.active = Some(seq);
+        }
+    }
+
+    /// Gives every decoding sequence about to write into a new block that block; one that cannot
+    /// have it (the pool is full of other sequences' blocks) ends with an error, and nothing else
+    /// is touched.
+    fn grow(&mut self) {
+        for i in 0..self.slots.len() {
+            let Some(seq) = self.slots[i].active.as_ref() else {
+                continue;
+            };
+            if seq.pending().is_none() {
+                continue;
+            }
+            let pos = self.slots[i].tokens.len();
+            if pos / KV_BLOCK < self.kv.table(i).len() {
+                continue;
+            }
+            match self.alloc() {
+                Some(b) => self.kv.table_mut(i).push(b),
+                None => {
+                    if let Some(mut seq) = self.slots[i].active.take() {
+                        seq.fail(format!(
+                            "the KV cache pool ({} tokens) is full: generation stopped after {} tokens",
+                            self.blocks.len() * KV_BLOCK,
+                            seq.n_gen()
+                        ));
+                    }
+                    self.retire(i, true);
+                }
+            }
+        }
+    }
+
+    /// After a step: the slot's tokens are in its blocks; blocks it has just filled join the
+    /// prefix index, so concurrent and later requests can share them.
+    fn extend(&mut self, i: usize, t: u32) {
+        let slot = &mut self.slots[i];
+        slot.tokens.push(t);
+        let n = slot.tokens.len();
+        if n.is_multiple_of(KV_BLOCK) {
+            let b = n / KV_BLOCK - 1;
+            let parent = slot.parent(b);
+            let h = chain(parent, &slot.tokens[b * KV_BLOCK..]);
+            slot.hashes.push(h);
+            let block = self.kv.table(i)[b];
+            self.blocks
+                .register_full(block, parent, h, &slot.tokens[b * KV_BLOCK..]);
         }
     }
 
     /// One batched forward pass over every active sequence.
     fn step(&mut self) {
         self.step += 1;
+        self.grow();
         let n_batch = self.scratch.max_tokens();
         self.tokens.clear();
         self.pos.clear();
@@ -469,22 +731,22 @@ impl<'a> Engine<'a> {
         let result = self
             .model
             .forward(&self.pool, &mut self.kv, &mut self.scratch, &batch, None);
-        match result {
-            Ok(_) => {}
-            Err(e) => {
-                let msg = e.to_string();
-                for &i in &self.seq {
-                    if let Some(mut seq) = self.slots[i].active.take() {
-                        seq.fail(msg.clone());
-                    }
+        if let Err(e) = result {
+            let msg = e.to_string();
+            let mut failed = self.seq.clone();
+            failed.dedup();
+            for i in failed {
+                if let Some(mut seq) = self.slots[i].active.take() {
+                    seq.fail(msg.clone());
                 }
-                return;
+                self.retire(i, false);
             }
+            return;
         }
         let dt = t0.elapsed().as_secs_f64();
         // The batch's tokens are now in the cache.
-        for (t, &i) in self.tokens.iter().zip(&self.seq) {
-            self.slots[i].tokens.push(*t);
+        for r in 0..self.tokens.len() {
+            self.extend(self.seq[r], self.tokens[r]);
         }
         for &(i, n) in &self.chunks {
             if let Some(seq) = self.slots[i].active.as_mut() {
@@ -504,7 +766,6 @@ impl<'a> Engine<'a> {
             let total = self.tokens.len() as f64;
             st.prefill_seconds += dt * n_prefill as f64 / total;
             st.decode_seconds += dt * n_decode as f64 / total;
-            st.kv_used = self.slots.iter().map(|s| s.tokens.len()).sum();
             st.expert_load.clear();
             st.expert_load.extend_from_slice(self.scratch.expert_load());
         }
@@ -512,10 +773,12 @@ impl<'a> Engine<'a> {
         let n_vocab = self.model.config.n_vocab;
         let logits = self.scratch.logits();
         let tok = &*self.sh.tokenizer;
-        // The generated-token counter is held for the whole loop and bumped as each token is
-        // sampled, so a client that has just received its Done event (sent inside `sample`) and
-        // reads the counters waits for them to include its tokens.
-        let mut st = self.sh.stats.lock().unwrap_or_else(|e| e.into_inner());
+        // The counters are held for the whole loop and bumped as each token is sampled, so a
+        // client that has just received its Done event (sent inside `sample`) and reads them waits
+        // for them to include its tokens and its released blocks.
+        let sh = self.sh;
+        let mut st = sh.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let mut over = Vec::new();
         for (r, &i) in self.rows.iter().enumerate() {
             let slot = &mut self.slots[i];
             let Some(seq) = slot.active.as_mut() else {
@@ -529,9 +792,67 @@ impl<'a> Engine<'a> {
             if outcome.is_over() {
                 slot.active = None;
                 slot.used = self.step;
+                over.push(i);
             }
         }
+        for i in over {
+            self.retire(i, true);
+        }
+        self.publish(&mut st);
     }
+
+    /// The pool's state into the counters.
+    fn publish(&self, st: &mut Stats) {
+        st.kv_used = self.slots.iter().map(|s| s.tokens.len()).sum();
+        st.kv_cached_blocks = self.blocks.cached();
+        st.kv_held_blocks = self.blocks.len() - self.blocks.available();
+    }
+}
+
+/// The disk tier of a configuration, when it has one and it opens; a tier that cannot open is
+/// logged and the server runs without it.
+fn open_disk(cfg: &SchedulerConfig, c: &hearth_model::Config) -> Option<DiskCache> {
+    let dc = cfg.disk.as_ref()?;
+    if cfg.model_identity == 0 {
+        tracing::warn!("the disk cache is off: the model file's identity is unknown");
+        return None;
+    }
+    let layout = format!(
+        "blocks of {KV_BLOCK} tokens: [n_layer {}, {KV_BLOCK}, k {}] then v {}",
+        c.n_layer,
+        c.k_dim(),
+        c.v_dim()
+    );
+    let ns = cache_namespace(cfg.model_identity, cfg.kv_type.name(), &layout);
+    match DiskCache::open(dc, ns) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            tracing::warn!("the disk cache is off: {e}");
+            None
+        }
+    }
+}
+
+/// Hands block `b` (full, hash `h`) to the disk tier unless it is there already. Returns whether it
+/// was handed over.
+fn put_block(
+    disk: &Option<DiskCache>,
+    kv: &KvCache,
+    buf: &mut Vec<u8>,
+    b: u32,
+    h: u128,
+    tokens: &[u32],
+) -> bool {
+    let Some(disk) = disk else {
+        return false;
+    };
+    if disk.contains(h) || tokens.len() != KV_BLOCK {
+        return false;
+    }
+    buf.clear();
+    kv.export_block(b, buf);
+    disk.put(h, tokens, std::mem::take(buf));
+    true
 }
 
 /// Computes the allowed-token masks of the constrained sequences about to sample, spread over the

@@ -146,6 +146,8 @@ pub struct Stats {
     pub prompt_tokens: u64,
     /// Prompt tokens served from the prefix cache (the prefix cache's hits, in tokens).
     pub cached_tokens: u64,
+    /// Of those, tokens read back from the disk tier.
+    pub disk_cached_tokens: u64,
     /// Requests that looked their prompt up in the prefix cache.
     pub prefix_queries: u64,
     /// The prompt tokens of those lookups (what a perfect cache would have served, but the last).
@@ -164,6 +166,10 @@ pub struct Stats {
     pub kv_used: usize,
     /// KV cache capacity in cells.
     pub kv_capacity: usize,
+    /// KV pool blocks held by running sequences.
+    pub kv_held_blocks: usize,
+    /// KV pool blocks held by no sequence and kept as prefix cache.
+    pub kv_cached_blocks: usize,
     /// Per expert, how many (token, layer) routings chose it (MoE models; empty otherwise).
     pub expert_load: Vec<u64>,
 }

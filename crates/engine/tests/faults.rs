@@ -41,6 +41,7 @@ fn start() -> Arc<Scheduler> {
         kv_type: KvType::F16,
         threads: 2,
         n_batch: 64,
+        ..SchedulerConfig::default()
     };
     Scheduler::start(Arc::new(model), tok, info, cfg)
 }

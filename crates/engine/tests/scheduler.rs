@@ -10,12 +10,24 @@ use std::time::Duration;
 use hearth_constrain::{Constrainer, Spec};
 use hearth_engine::{
     Backend, Event, FinishReason, ModelInfo, Request, SamplerConfig, Scheduler, SchedulerConfig,
-    SubmitError, Usage,
+    SubmitError, TokenLogprob, Usage,
 };
-use hearth_model::{KvType, Model};
+use hearth_model::{KvType, Model, KV_BLOCK};
 use hearth_tokenizer::Tokenizer;
 
 fn start(parallel: usize, queue: usize) -> Arc<Scheduler> {
+    start_with(SchedulerConfig {
+        parallel,
+        n_ctx: 256,
+        queue,
+        kv_type: KvType::F16,
+        threads: 2,
+        n_batch: 64,
+        ..SchedulerConfig::default()
+    })
+}
+
+fn start_with(cfg: SchedulerConfig) -> Arc<Scheduler> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/fixtures/tiny-qwen3moe.q4_k_m.gguf");
     let model = Model::open(&path).unwrap();
@@ -23,22 +35,14 @@ fn start(parallel: usize, queue: usize) -> Arc<Scheduler> {
     let info = ModelInfo {
         alias: "tiny".into(),
         arch: "qwen3moe".into(),
-        n_ctx: 256,
+        n_ctx: cfg.n_ctx,
         n_ctx_train: model.config.n_ctx_train,
-        parallel,
+        parallel: cfg.parallel,
         n_vocab: model.config.n_vocab,
         n_params: 0,
         file_size: 0,
         chat_template: None,
         quantization: None,
-    };
-    let cfg = SchedulerConfig {
-        parallel,
-        n_ctx: 256,
-        queue,
-        kv_type: KvType::F16,
-        threads: 2,
-        n_batch: 64,
     };
     Scheduler::start(Arc::new(model), tok, info, cfg)
 }
@@ -362,4 +366,220 @@ fn constrained_requests_decode_valid_json_side_by_side() {
         serde_json::from_str::<serde_json::Value>(&text).is_err(),
         "{text}"
     );
+}
+
+/// Greedy tokens with their log-probabilities (a function of the logits), and the usage.
+fn traced(s: &Scheduler, prompt: &[u32], max: usize) -> (Vec<(u32, TokenLogprob)>, Usage) {
+    let r = Request {
+        prompt: prompt.to_vec(),
+        max_tokens: Some(max),
+        n_ctx: None,
+        sampler: SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        },
+        stop: vec![],
+        logprobs: Some(5),
+        constraint: None,
+    };
+    let rx = submit(s, r);
+    let mut out = vec![];
+    loop {
+        match rx.recv_timeout(Duration::from_secs(120)).expect("events") {
+            Event::Token { id, logprob, .. } => out.push((id, logprob.expect("asked for"))),
+            Event::Done { usage, .. } => return (out, usage),
+            Event::Error(e) => panic!("error: {e}"),
+        }
+    }
+}
+
+/// A prompt of `n` tokens: the Zen of Python, over and over.
+fn long_prompt(tok: &Tokenizer, n: usize, salt: &str) -> Vec<u32> {
+    let mut text = String::from(salt);
+    let mut ids = vec![];
+    while ids.len() < n {
+        text.push_str(&PROMPTS.join(" "));
+        ids = tok.encode(&text, false);
+    }
+    ids.truncate(n);
+    ids
+}
+
+fn pool_config(parallel: usize, pool_tokens: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        parallel,
+        n_ctx: 1024,
+        queue: 64,
+        kv_type: KvType::F16,
+        threads: 2,
+        n_batch: 128,
+        pool_tokens,
+        ..SchedulerConfig::default()
+    }
+}
+
+#[test]
+fn a_prefix_gives_the_same_logits_from_compute_from_shared_blocks_and_from_the_cache() {
+    let s = start_with(pool_config(2, 0));
+    let tok = s.tokenizer().clone();
+    let p = long_prompt(&tok, 5 * KV_BLOCK + 20, "");
+    // Computed from nothing.
+    let (cold, u) = traced(&s, &p, 12);
+    assert_eq!(u.n_cached, 0);
+    // From the RAM prefix cache: all but the last token, through the copied partial block.
+    let (hot, u) = traced(&s, &p, 12);
+    assert_eq!(u.n_cached, p.len() - 1);
+    assert_eq!(hot, cold);
+    // From another running sequence's blocks: a fresh scheduler runs a request with the same first
+    // four blocks and another ending; once it is decoding, the prompt comes in and shares them.
+    let s = start_with(pool_config(2, 0));
+    let mut other = p[..4 * KV_BLOCK].to_vec();
+    other.extend(long_prompt(&tok, 40, "Zebra. "));
+    let r = Request {
+        prompt: other,
+        max_tokens: Some(200),
+        n_ctx: None,
+        sampler: SamplerConfig::default(),
+        stop: vec![],
+        logprobs: None,
+        constraint: None,
+    };
+    let rx = submit(&s, r);
+    assert!(matches!(
+        rx.recv_timeout(Duration::from_secs(60)),
+        Ok(Event::Token { .. })
+    ));
+    let (shared, u) = traced(&s, &p, 12);
+    assert_eq!(
+        u.n_cached,
+        4 * KV_BLOCK,
+        "the running sequence's full blocks"
+    );
+    assert_eq!(shared, cold);
+    drop(rx);
+}
+
+#[test]
+fn a_small_pool_under_pressure_evicts_waits_and_answers_as_alone() {
+    // Sequences of up to 5 blocks (3 to 4 of prompt, 40 generated) in a pool of 8: the second of
+    // two waits for blocks, the prefix cache is evicted to make room, and every answer is the one
+    // given alone.
+    let s = start_with(SchedulerConfig {
+        n_ctx: 6 * KV_BLOCK,
+        ..pool_config(2, 8 * KV_BLOCK)
+    });
+    let tok = s.tokenizer().clone();
+    let prompts: Vec<Vec<u32>> = (0..6)
+        .map(|i| long_prompt(&tok, 3 * KV_BLOCK + 10 * i, &format!("{i}. ")))
+        .collect();
+    let alone: Vec<_> = prompts.iter().map(|p| traced(&s, p, 40).0).collect();
+    let rxs: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let r = Request {
+                prompt: p.clone(),
+                max_tokens: Some(40),
+                n_ctx: None,
+                sampler: SamplerConfig {
+                    temperature: 0.0,
+                    ..SamplerConfig::default()
+                },
+                stop: vec![],
+                logprobs: Some(5),
+                constraint: None,
+            };
+            submit(&s, r)
+        })
+        .collect();
+    for (rx, want) in rxs.into_iter().zip(&alone) {
+        let mut got = vec![];
+        loop {
+            match rx.recv_timeout(Duration::from_secs(120)).expect("events") {
+                Event::Token { id, logprob, .. } => got.push((id, logprob.unwrap())),
+                Event::Done { .. } => break,
+                Event::Error(e) => panic!("error: {e}"),
+            }
+        }
+        assert_eq!(&got, want);
+    }
+    // Every block is back: none held, some kept as cache.
+    let st = s.stats();
+    assert_eq!((st.active, st.kv_held_blocks), (0, 0));
+    assert!(st.kv_cached_blocks > 0 && st.kv_cached_blocks <= 8);
+    // The pool always holds one whole context: a pool asked smaller still serves a long prompt.
+    let small = start_with(pool_config(1, 4 * KV_BLOCK));
+    let p = long_prompt(&tok, 900, "");
+    let (ids, _, done) = collect(submit(&small, request_ids(p, 4)));
+    assert_eq!(ids.len(), 4, "{done:?}");
+}
+
+fn request_ids(prompt: Vec<u32>, max: usize) -> Request {
+    Request {
+        prompt,
+        max_tokens: Some(max),
+        n_ctx: None,
+        sampler: SamplerConfig::default(),
+        stop: vec![],
+        logprobs: None,
+        constraint: None,
+    }
+}
+
+fn disk_config(dir: &Path) -> SchedulerConfig {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/fixtures/tiny-qwen3moe.q4_k_m.gguf");
+    SchedulerConfig {
+        disk: Some(hearth_engine::disk_cache::DiskCacheConfig {
+            dir: dir.to_path_buf(),
+            limit: 1 << 30,
+        }),
+        model_identity: hearth_engine::disk_cache::model_identity(&model).unwrap(),
+        ..pool_config(2, 0)
+    }
+}
+
+#[test]
+fn the_prefix_cache_survives_a_restart_on_disk_and_a_corrupt_disk_cache_is_survived() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = {
+        let s = start_with(pool_config(1, 0));
+        s.tokenizer().clone()
+    };
+    let p = long_prompt(&tok, 4 * KV_BLOCK + 30, "");
+    let s = start_with(disk_config(dir.path()));
+    let (cold, u) = traced(&s, &p, 12);
+    assert_eq!(u.n_cached, 0);
+    s.shutdown();
+    s.join();
+    // A new process: the full blocks come back from disk, with the same logits.
+    let s = start_with(disk_config(dir.path()));
+    let (warm, u) = traced(&s, &p, 12);
+    assert_eq!(u.n_cached, 4 * KV_BLOCK, "every full block of the prompt");
+    assert_eq!(warm, cold);
+    assert_eq!(s.stats().disk_cached_tokens, 4 * KV_BLOCK as u64);
+    s.shutdown();
+    s.join();
+    // Every cache file damaged (cut short, or a byte flipped): skipped, recomputed, same answer.
+    let mut files = vec![];
+    for ns in std::fs::read_dir(dir.path()).unwrap() {
+        for f in std::fs::read_dir(ns.unwrap().path()).unwrap() {
+            files.push(f.unwrap().path());
+        }
+    }
+    assert!(files.len() >= 4, "{files:?}");
+    for (i, f) in files.iter().enumerate() {
+        let mut bytes = std::fs::read(f).unwrap();
+        if i % 2 == 0 {
+            bytes.truncate(bytes.len() / 3);
+        } else {
+            let k = bytes.len() / 2;
+            bytes[k] ^= 0x40;
+        }
+        std::fs::write(f, bytes).unwrap();
+    }
+    std::fs::write(dir.path().join("stray-file"), b"not a cache").unwrap();
+    let s = start_with(disk_config(dir.path()));
+    let (again, u) = traced(&s, &p, 12);
+    assert_eq!(u.n_cached, 0);
+    assert_eq!(again, cold);
 }

@@ -25,12 +25,12 @@ use half::slice::HalfFloatSliceExt;
 use hearth_quant::Level;
 
 use crate::config::Config;
-use crate::kv_cache::{KvCache, Rows};
+use crate::kv_cache::{KvCache, KvType, Rows, BLOCK};
 use crate::ops::{exp, tanh};
 use crate::threads::{SharedMut, ThreadPool};
 
-/// Key positions per block (the score vector of one query against one block).
-pub(crate) const KEYS: usize = 64;
+/// Key positions per block (the score vector of one query against one block): one KV pool block.
+pub(crate) const KEYS: usize = BLOCK;
 
 /// Batch rows of one sequence per task.
 const ROWS_PER_TASK: usize = 16;
@@ -149,8 +149,6 @@ pub(crate) fn attend(
         // The first block any row of the task reads, aligned so a row's blocks do not depend on
         // the other rows.
         let first = (t0..t1).map(|t| r.lo[t]).min().unwrap_or(0) / KEYS * KEYS;
-        let keys = kv.keys(s, l, max_len);
-        let values = kv.values(s, l, max_len);
         BUFS.with(|bufs| {
             let bufs = &mut *bufs.borrow_mut();
             let nq = (t1 - t0) * hpt;
@@ -170,7 +168,7 @@ pub(crate) fn attend(
                     let h = h0 + j;
                     let src = &r.q[t * qd + h * hd..t * qd + (h + 1) * hd];
                     let dst = &mut qs[(i * hpt + j) * hd..][..hd];
-                    if matches!(keys, Rows::F16(_)) {
+                    if kv.ty() == KvType::F16 {
                         let mut h = [f16::ZERO; MAX_HEAD_DIM];
                         h[..hd].convert_from_f32_slice(src);
                         h[..hd].convert_to_f32_slice(dst);
@@ -184,8 +182,10 @@ pub(crate) fn attend(
             }
             for k0 in (first..max_len).step_by(KEYS) {
                 let kn = KEYS.min(max_len - k0);
+                // One attention block is one pool block: its rows start at the block's first row.
+                let (keys, values) = kv.block_rows(s, l, k0 / KEYS);
                 let at = KvAt {
-                    k0,
+                    k0: 0,
                     kn,
                     kd,
                     vd,

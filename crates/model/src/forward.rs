@@ -275,15 +275,7 @@ impl Model {
                     b.tokens[t], self.config.n_vocab
                 )));
             }
-            if b.seq[t] >= kv.n_seq() || b.pos[t] >= kv.n_ctx() {
-                return Err(ModelError::Batch(format!(
-                    "sequence {} position {} is outside the KV cache ({} sequences of {} positions)",
-                    b.seq[t],
-                    b.pos[t],
-                    kv.n_seq(),
-                    kv.n_ctx()
-                )));
-            }
+            kv.check(b.seq[t], b.pos[t])?;
         }
         Ok(())
     }

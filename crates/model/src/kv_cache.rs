@@ -1,13 +1,28 @@
-//! The key/value cache: per sequence slot, per layer, per position, one K row and one V row.
+//! The key/value cache: one pool of fixed-size blocks of [`BLOCK`] token positions, each holding a
+//! K row and a V row per layer and position; every sequence has a table mapping its positions to
+//! pool blocks (`table[p / BLOCK]`, row `p % BLOCK`).
+//!
+//! The model only reads and writes through the tables. Who owns which block — whether blocks are
+//! shared by sequences with a common prefix, kept after a sequence ends as a prefix cache, evicted,
+//! or saved to disk — is the caller's policy (the engine's scheduler); [`KvCache::new`] gives each of
+//! `n_seq` sequences a fixed table of its own for the simple single-sequence users.
+//!
+//! A block is contiguous (`[n_layer, BLOCK, k_dim]` keys, then the values likewise), so it can be
+//! copied (copy-on-write of a shared partial block), exported and imported (the disk cache) as one
+//! piece. [`BLOCK`] equals attention's key block, so one attention block is one pool block.
 //!
 //! Sliding-window layers keep every position too, not a ring of `window` rows as llama.cpp's SWA
-//! cache does: a position has the same address in every layer, so copying a prefix, rewinding a
-//! sequence or (later) sharing blocks between sequences needs no per-layer bookkeeping, and
-//! attention simply never reads behind a window. Untouched positions cost no resident memory (the
-//! store is a lazily mapped zeroed allocation); a paged cache can free the blocks a window has left.
+//! cache does: a position has the same address in every layer, so sharing a prefix or rewinding a
+//! sequence needs no per-layer bookkeeping, and attention simply never reads behind a window.
+//! Untouched blocks cost no resident memory (the store is a lazily mapped zeroed allocation).
 
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+
+use crate::error::ModelError;
+
+/// Token positions per pool block.
+pub const BLOCK: usize = 64;
 
 /// Element type of the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,6 +31,24 @@ pub enum KvType {
     F16,
     /// Single precision.
     F32,
+}
+
+impl KvType {
+    /// Bytes of one element.
+    pub fn element_bytes(self) -> usize {
+        match self {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        }
+    }
+
+    /// The name used on the command line and in cache keys (`f16`, `f32`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::F32 => "f32",
+        }
+    }
 }
 
 enum Store {
@@ -43,28 +76,74 @@ impl Store {
             Store::F32(v) => v[at..at + src.len()].copy_from_slice(src),
         }
     }
+
+    fn rows(&self, at: usize, len: usize) -> Rows<'_> {
+        match self {
+            Store::F16(v) => Rows::F16(as_f16(&v[at..at + len])),
+            Store::F32(v) => Rows::F32(&v[at..at + len]),
+        }
+    }
+
+    fn copy_within(&mut self, src: usize, dst: usize, len: usize) {
+        match self {
+            Store::F16(v) => v.copy_within(src..src + len, dst),
+            Store::F32(v) => v.copy_within(src..src + len, dst),
+        }
+    }
+
+    /// Elements `at..at + len` as little-endian bytes, appended to `out`.
+    fn export(&self, at: usize, len: usize, out: &mut Vec<u8>) {
+        match self {
+            Store::F16(v) => v[at..at + len]
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Store::F32(v) => v[at..at + len]
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        }
+    }
+
+    /// Elements `at..` from little-endian bytes (`bytes.len()` a multiple of the element size).
+    fn import(&mut self, at: usize, bytes: &[u8]) {
+        match self {
+            Store::F16(v) => {
+                for (d, b) in v[at..].iter_mut().zip(bytes.chunks_exact(2)) {
+                    *d = u16::from_le_bytes([b[0], b[1]]);
+                }
+            }
+            Store::F32(v) => {
+                for (d, b) in v[at..].iter_mut().zip(bytes.chunks_exact(4)) {
+                    *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+        }
+    }
 }
 
-/// A read view of one head's rows.
+/// A read view of cache rows.
 pub(crate) enum Rows<'a> {
     F16(&'a [f16]),
     F32(&'a [f32]),
 }
 
-/// Keys and values of up to `n_seq` sequences of up to `n_ctx` positions each.
+/// Keys and values of up to `n_seq` sequences of up to `n_ctx` positions each, in a pool of
+/// `n_blocks` blocks of [`BLOCK`] positions.
 pub struct KvCache {
     n_seq: usize,
     n_layer: usize,
     n_ctx: usize,
+    n_blocks: usize,
     k_dim: usize,
     v_dim: usize,
     ty: KvType,
-    k: Store, // [n_seq, n_layer, n_ctx, k_dim]
-    v: Store, // [n_seq, n_layer, n_ctx, v_dim]
+    k: Store, // [n_blocks, n_layer, BLOCK, k_dim]
+    v: Store, // [n_blocks, n_layer, BLOCK, v_dim]
+    /// Per sequence: the pool block of each run of [`BLOCK`] positions.
+    tables: Vec<Vec<u32>>,
 }
 
 impl KvCache {
-    /// A cache for `n_seq` sequences of `n_ctx` positions.
+    /// A cache for `n_seq` sequences of `n_ctx` positions, each with blocks of its own.
     pub fn new(
         n_seq: usize,
         n_layer: usize,
@@ -73,16 +152,38 @@ impl KvCache {
         v_dim: usize,
         ty: KvType,
     ) -> KvCache {
-        let n = n_seq * n_layer * n_ctx;
+        let per_seq = n_ctx.div_ceil(BLOCK);
+        let mut kv = KvCache::pool(n_seq * per_seq, n_seq, n_ctx, n_layer, k_dim, v_dim, ty);
+        for (s, table) in kv.tables.iter_mut().enumerate() {
+            table.extend((s * per_seq..(s + 1) * per_seq).map(|b| b as u32));
+        }
+        kv
+    }
+
+    /// A pool of `n_blocks` blocks for `n_seq` sequences of up to `n_ctx` positions, with empty
+    /// tables: the caller assigns blocks with [`KvCache::table_mut`].
+    pub fn pool(
+        n_blocks: usize,
+        n_seq: usize,
+        n_ctx: usize,
+        n_layer: usize,
+        k_dim: usize,
+        v_dim: usize,
+        ty: KvType,
+    ) -> KvCache {
+        assert!(n_blocks <= u32::MAX as usize, "block ids are u32");
+        let rows = n_blocks * n_layer * BLOCK;
         KvCache {
             n_seq,
             n_layer,
             n_ctx,
+            n_blocks,
             k_dim,
             v_dim,
             ty,
-            k: Store::new(ty, n * k_dim),
-            v: Store::new(ty, n * v_dim),
+            k: Store::new(ty, rows * k_dim),
+            v: Store::new(ty, rows * v_dim),
+            tables: vec![Vec::new(); n_seq],
         }
     }
 
@@ -96,6 +197,11 @@ impl KvCache {
         self.n_seq
     }
 
+    /// Blocks in the pool.
+    pub fn n_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
     /// Element type.
     pub fn ty(&self) -> KvType {
         self.ty
@@ -103,65 +209,173 @@ impl KvCache {
 
     /// Bytes held by the cache.
     pub fn bytes(&self) -> usize {
-        let el = match self.ty {
-            KvType::F16 => 2,
-            KvType::F32 => 4,
-        };
-        self.n_seq * self.n_layer * self.n_ctx * (self.k_dim + self.v_dim) * el
+        self.n_blocks * self.block_bytes()
     }
 
-    fn row_index(&self, seq: usize, layer: usize, pos: usize) -> usize {
-        (seq * self.n_layer + layer) * self.n_ctx + pos
+    /// Bytes of one block (its keys and values at every layer): the size of an exported block.
+    pub fn block_bytes(&self) -> usize {
+        self.n_layer * BLOCK * (self.k_dim + self.v_dim) * self.ty.element_bytes()
+    }
+
+    /// The blocks of a sequence: `table[i]` holds positions `[i * BLOCK, (i + 1) * BLOCK)`.
+    pub fn table(&self, seq: usize) -> &[u32] {
+        &self.tables[seq]
+    }
+
+    /// The block table of a sequence, for the caller's allocator. Ids must be below
+    /// [`KvCache::n_blocks`]; a forward pass checks that every position it writes has a block.
+    pub fn table_mut(&mut self, seq: usize) -> &mut Vec<u32> {
+        &mut self.tables[seq]
+    }
+
+    /// Whether `seq` has a valid block for position `pos`.
+    pub(crate) fn covers(&self, seq: usize, pos: usize) -> bool {
+        seq < self.n_seq
+            && pos < self.n_ctx
+            && self.tables[seq]
+                .get(pos / BLOCK)
+                .is_some_and(|&b| (b as usize) < self.n_blocks)
+    }
+
+    /// Checks that a batch's rows have blocks (before anything is written).
+    pub(crate) fn check(&self, seq: usize, pos: usize) -> Result<(), ModelError> {
+        if self.covers(seq, pos) {
+            return Ok(());
+        }
+        Err(ModelError::Batch(format!(
+            "sequence {seq} position {pos} has no KV block ({} sequences of up to {} positions, {} blocks of {BLOCK})",
+            self.n_seq, self.n_ctx, self.n_blocks
+        )))
+    }
+
+    fn row_index(&self, block: usize, layer: usize, row: usize) -> usize {
+        (block * self.n_layer + layer) * BLOCK + row
     }
 
     /// Stores one token's K and V rows.
     pub(crate) fn store(&mut self, seq: usize, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
-        let i = self.row_index(seq, layer, pos);
+        let b = self.tables[seq][pos / BLOCK] as usize;
+        let i = self.row_index(b, layer, pos % BLOCK);
         self.k.write(i * self.k_dim, k);
         self.v.write(i * self.v_dim, v);
     }
 
-    /// K rows `[0, len)` of a sequence at a layer: `[len, k_dim]`.
-    pub(crate) fn keys(&self, seq: usize, layer: usize, len: usize) -> Rows<'_> {
-        let s = self.row_index(seq, layer, 0) * self.k_dim;
-        match &self.k {
-            Store::F16(v) => Rows::F16(as_f16(&v[s..s + len * self.k_dim])),
-            Store::F32(v) => Rows::F32(&v[s..s + len * self.k_dim]),
-        }
+    /// The K and V rows (`[BLOCK, k_dim]`, `[BLOCK, v_dim]`) of the `i`-th block of a sequence at a
+    /// layer: positions `[i * BLOCK, (i + 1) * BLOCK)`.
+    pub(crate) fn block_rows(&self, seq: usize, layer: usize, i: usize) -> (Rows<'_>, Rows<'_>) {
+        let b = self.tables[seq][i] as usize;
+        let r = self.row_index(b, layer, 0);
+        (
+            self.k.rows(r * self.k_dim, BLOCK * self.k_dim),
+            self.v.rows(r * self.v_dim, BLOCK * self.v_dim),
+        )
     }
 
-    /// V rows `[0, len)` of a sequence at a layer: `[len, v_dim]`.
-    pub(crate) fn values(&self, seq: usize, layer: usize, len: usize) -> Rows<'_> {
-        let s = self.row_index(seq, layer, 0) * self.v_dim;
-        match &self.v {
-            Store::F16(v) => Rows::F16(as_f16(&v[s..s + len * self.v_dim])),
-            Store::F32(v) => Rows::F32(&v[s..s + len * self.v_dim]),
-        }
-    }
-
-    /// Copies the first `len` positions of sequence `src` into sequence `dst` (prefix reuse).
-    pub fn copy_prefix(&mut self, src: usize, dst: usize, len: usize) {
-        if src == dst || len == 0 {
+    /// Copies the first `rows` positions of block `src` into block `dst` at every layer (a
+    /// sequence's private copy of a shared partial block).
+    pub fn copy_block(&mut self, src: u32, dst: u32, rows: usize) {
+        let (src, dst, rows) = (src as usize, dst as usize, rows.min(BLOCK));
+        assert!(src < self.n_blocks && dst < self.n_blocks);
+        if src == dst || rows == 0 {
             return;
         }
         for l in 0..self.n_layer {
             let (s, d) = (self.row_index(src, l, 0), self.row_index(dst, l, 0));
-            match (&mut self.k, &mut self.v) {
-                (Store::F16(k), Store::F16(v)) => {
-                    k.copy_within(s * self.k_dim..(s + len) * self.k_dim, d * self.k_dim);
-                    v.copy_within(s * self.v_dim..(s + len) * self.v_dim, d * self.v_dim);
-                }
-                (Store::F32(k), Store::F32(v)) => {
-                    k.copy_within(s * self.k_dim..(s + len) * self.k_dim, d * self.k_dim);
-                    v.copy_within(s * self.v_dim..(s + len) * self.v_dim, d * self.v_dim);
-                }
-                _ => unreachable!("K and V share one type"),
-            }
+            self.k
+                .copy_within(s * self.k_dim, d * self.k_dim, rows * self.k_dim);
+            self.v
+                .copy_within(s * self.v_dim, d * self.v_dim, rows * self.v_dim);
         }
+    }
+
+    /// Block `b` as bytes ([`KvCache::block_bytes`] of them: its keys, then its values, little-endian).
+    pub fn export_block(&self, b: u32, out: &mut Vec<u8>) {
+        let b = b as usize;
+        assert!(b < self.n_blocks);
+        out.reserve(self.block_bytes());
+        let rows = self.n_layer * BLOCK;
+        let r = self.row_index(b, 0, 0);
+        self.k.export(r * self.k_dim, rows * self.k_dim, out);
+        self.v.export(r * self.v_dim, rows * self.v_dim, out);
+    }
+
+    /// Fills block `b` from [`KvCache::export_block`]'s bytes. Refused (nothing written) unless
+    /// `bytes` has exactly [`KvCache::block_bytes`] bytes.
+    pub fn import_block(&mut self, b: u32, bytes: &[u8]) -> Result<(), ModelError> {
+        let b = b as usize;
+        if b >= self.n_blocks || bytes.len() != self.block_bytes() {
+            return Err(ModelError::Batch(format!(
+                "a KV block of {} bytes for block {b} (blocks are {} bytes, {} of them)",
+                bytes.len(),
+                self.block_bytes(),
+                self.n_blocks
+            )));
+        }
+        let rows = self.n_layer * BLOCK;
+        let kb = rows * self.k_dim * self.ty.element_bytes();
+        let r = self.row_index(b, 0, 0);
+        self.k.import(r * self.k_dim, &bytes[..kb]);
+        self.v.import(r * self.v_dim, &bytes[kb..]);
+        Ok(())
     }
 }
 
 fn as_f16(bits: &[u16]) -> &[f16] {
     // SAFETY: `half::f16` is `repr(transparent)` over `u16`: same size, alignment and validity.
     unsafe { std::slice::from_raw_parts(bits.as_ptr() as *const f16, bits.len()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_map_through_the_table() {
+        let mut kv = KvCache::pool(4, 2, 4 * BLOCK, 2, 3, 2, KvType::F32);
+        kv.table_mut(0).extend([2, 0]);
+        kv.table_mut(1).push(2); // shares the first block
+        assert!(kv.covers(0, BLOCK + 5) && !kv.covers(0, 2 * BLOCK) && !kv.covers(1, BLOCK));
+        kv.store(0, 1, BLOCK + 1, &[1.0, 2.0, 3.0], &[4.0, 5.0]);
+        kv.store(0, 1, 3, &[6.0, 7.0, 8.0], &[9.0, 10.0]);
+        let (k, v) = kv.block_rows(0, 1, 1);
+        let (Rows::F32(k), Rows::F32(v)) = (k, v) else {
+            panic!("f32 rows")
+        };
+        assert_eq!(
+            (&k[3..6], &v[2..4]),
+            (&[1.0, 2.0, 3.0][..], &[4.0, 5.0][..])
+        );
+        let (Rows::F32(k), _) = kv.block_rows(1, 1, 0) else {
+            panic!("f32 rows")
+        };
+        assert_eq!(&k[9..12], &[6.0, 7.0, 8.0]);
+    }
+
+    #[test]
+    fn blocks_copy_export_and_import_whole() {
+        for ty in [KvType::F16, KvType::F32] {
+            let mut kv = KvCache::pool(3, 1, 3 * BLOCK, 2, 4, 4, ty);
+            kv.table_mut(0).extend([1, 2]);
+            for p in 0..BLOCK + 3 {
+                let x = p as f32;
+                kv.store(0, p % 2, p, &[x, -x, 0.5, 1.0], &[2.0 * x, 1.0, 0.0, -1.0]);
+            }
+            let mut a = Vec::new();
+            kv.export_block(1, &mut a);
+            assert_eq!(a.len(), kv.block_bytes());
+            kv.import_block(0, &a).unwrap();
+            let mut b = Vec::new();
+            kv.export_block(0, &mut b);
+            assert_eq!(a, b);
+            assert!(kv.import_block(0, &a[1..]).is_err() && kv.import_block(3, &a).is_err());
+            // A partial copy moves only the rows asked for.
+            kv.copy_block(2, 0, 2);
+            let (mut c, mut d) = (Vec::new(), Vec::new());
+            kv.export_block(0, &mut c);
+            kv.export_block(2, &mut d);
+            let row = 4 * ty.element_bytes();
+            assert_eq!(c[..2 * row], d[..2 * row]);
+            assert_eq!(c[2 * row..3 * row], a[2 * row..3 * row]);
+        }
+    }
 }

@@ -69,7 +69,7 @@ impl Metrics {
             return o;
         };
         let rate = |n: u64, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
-        let rows: [(&str, &str, &str, f64); 12] = [
+        let rows: [(&str, &str, &str, f64); 14] = [
             (
                 "prompt_tokens_total",
                 "counter",
@@ -135,6 +135,18 @@ impl Metrics {
                 "gauge",
                 "KV cache capacity in cells.",
                 s.kv_capacity as f64,
+            ),
+            (
+                "kv_pool_held_blocks",
+                "gauge",
+                "KV pool blocks held by running sequences.",
+                s.kv_held_blocks as f64,
+            ),
+            (
+                "kv_pool_cached_blocks",
+                "gauge",
+                "KV pool blocks kept as prefix cache (held by no sequence).",
+                s.kv_cached_blocks as f64,
             ),
             (
                 "kv_cache_usage_ratio",

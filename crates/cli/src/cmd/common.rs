@@ -56,6 +56,8 @@ pub struct Loaded {
     pub tokenizer: Tokenizer,
     pub pool: ThreadPool,
     pub n_ctx: usize,
+    /// Token positions of the KV pool shared by the server's sequences.
+    pub pool_tokens: usize,
     pub kv_type: KvType,
 }
 
@@ -65,26 +67,25 @@ const HEADROOM_BYTES: u64 = 1 << 30;
 /// Contexts are rounded down to a multiple of this.
 const CTX_ROUND: usize = 256;
 
-/// The context per sequence and why.
+/// The context per sequence, the KV pool shared by the sequences, and why.
 #[derive(Debug)]
 pub struct ContextSize {
     pub n_ctx: usize,
+    /// Token positions of the KV pool (all sequences together; blocks are taken as needed).
+    pub pool_tokens: usize,
     pub why: String,
 }
 
 /// KV cache bytes per position of one sequence.
 pub fn kv_bytes_per_token(model: &Model, kv_type: KvType) -> u64 {
     let c = &model.config;
-    let el = match kv_type {
-        KvType::F16 => 2,
-        KvType::F32 => 4,
-    };
-    (c.n_layer * (c.k_dim() + c.v_dim()) * el) as u64
+    (c.n_layer * (c.k_dim() + c.v_dim()) * kv_type.element_bytes()) as u64
 }
 
-/// Chooses the context per sequence: `-c` when given (checked against `--kv-budget` when both are);
-/// else the model's trained context, limited by the KV cache of `parallel` sequences that fits in
-/// the budget (`--kv-budget`, or the memory available after the weights less [`HEADROOM_BYTES`]).
+/// Chooses the KV pool and the context per sequence. The pool is what the budget holds
+/// (`--kv-budget`, or the memory available after the weights less [`HEADROOM_BYTES`]); it is shared
+/// by the `parallel` sequences, any of which may grow to the context: `-c` when given, else the
+/// model's trained context limited by the pool.
 pub fn context_size(
     model: &Model,
     kv_type: KvType,
@@ -98,7 +99,7 @@ pub fn context_size(
             trained: model.config.n_ctx_train,
             weights: model.gguf().bytes().len() as u64,
             available: mem_available_bytes(),
-            kind: format!("{kv_type:?}").to_lowercase(),
+            kind: kv_type.name().to_string(),
         },
         parallel,
         ctx,
@@ -130,30 +131,9 @@ fn choose_context(
     let parallel = parallel.max(1);
     let trained = f.trained.max(1);
     let gb = |b: u64| b as f64 / 1e9;
-    let kv_of = |n: usize| {
-        (n as u64)
-            .saturating_mul(per_token)
-            .saturating_mul(parallel as u64)
-    };
+    let kv_of = |n: usize| (n as u64).saturating_mul(per_token);
     let kind = &f.kind;
-    if let Some(c) = ctx {
-        anyhow::ensure!(c >= 1, "--ctx must be at least 1");
-        if let Some(b) = budget {
-            anyhow::ensure!(
-                kv_of(c) <= b,
-                "-c {c} for {parallel} sequence(s) needs {:.2} GB of {kind} KV cache, more than --kv-budget {:.2} GB",
-                gb(kv_of(c)),
-                gb(b)
-            );
-        }
-        return Ok(ContextSize {
-            n_ctx: c,
-            why: format!(
-                "context {c} tokens per sequence (-c) x {parallel}: {:.2} GB of {kind} KV cache at most",
-                gb(kv_of(c))
-            ),
-        });
-    }
+    let explicit = budget.is_some();
     let (budget, source) = match budget {
         Some(b) => (b, "--kv-budget".to_string()),
         None => match f.available {
@@ -169,43 +149,67 @@ fn choose_context(
                     ),
                 )
             }
-            // No /proc/meminfo (not Linux): the trained context, at most 8192, as before.
+            // No /proc/meminfo (not Linux): the trained context, at most 8192, for each sequence.
             None => {
-                let n = trained.min(8192);
+                let n = ctx.unwrap_or(trained.min(8192));
+                anyhow::ensure!(n >= 1, "--ctx must be at least 1");
                 return Ok(ContextSize {
                     n_ctx: n,
+                    pool_tokens: n.saturating_mul(parallel),
                     why: format!(
-                        "context {n} tokens per sequence (the trained {trained}, at most 8192: \
-                         available memory unknown here; set -c or --kv-budget)"
+                        "context {n} tokens per sequence x {parallel} sequence(s) \
+                         (available memory unknown here; set -c or --kv-budget)"
                     ),
                 });
             }
         },
     };
-    let fit = (budget / per_token / parallel as u64).min(usize::MAX as u64) as usize;
-    if fit >= trained {
+    let fit = (budget / per_token).min(usize::MAX as u64 / 2) as usize;
+    if let Some(c) = ctx {
+        anyhow::ensure!(c >= 1, "--ctx must be at least 1");
+        anyhow::ensure!(
+            !explicit || kv_of(c) <= budget,
+            "-c {c} needs {:.2} GB of {kind} KV cache, more than --kv-budget {:.2} GB",
+            gb(kv_of(c)),
+            gb(budget)
+        );
+        // The pool holds at least one whole context, whatever the memory estimate says.
+        let pool = fit.max(c);
         return Ok(ContextSize {
-            n_ctx: trained,
+            n_ctx: c,
+            pool_tokens: pool,
             why: format!(
-                "context {trained} tokens per sequence (the trained context) x {parallel}: {:.2} GB of {kind} KV cache at most, within {:.2} GB ({source})",
-                gb(kv_of(trained)),
+                "context {c} tokens per sequence (-c); KV pool {pool} tokens ({:.2} GB of {kind}) \
+                 shared by {parallel} sequence(s), from {:.2} GB ({source})",
+                gb(kv_of(pool)),
                 gb(budget)
             ),
         });
     }
-    let n = fit / CTX_ROUND * CTX_ROUND;
+    let n = fit.min(trained);
+    let n = if n == trained {
+        n
+    } else {
+        n / CTX_ROUND * CTX_ROUND
+    };
     anyhow::ensure!(
-        n >= CTX_ROUND,
-        "not enough memory for a KV cache: {:.2} GB ({source}) holds {fit} tokens per sequence for \
-         {parallel} sequence(s) at {per_token} bytes per token; lower --parallel, or set -c or --kv-budget",
+        n >= CTX_ROUND.min(trained),
+        "not enough memory for a KV cache: {:.2} GB ({source}) holds {fit} tokens at {per_token} \
+         bytes per token; set -c or --kv-budget",
         gb(budget)
     );
+    let limited = if n == trained {
+        "the trained context".to_string()
+    } else {
+        format!("the trained context is {trained}; limited by the pool")
+    };
     Ok(ContextSize {
         n_ctx: n,
+        pool_tokens: fit,
         why: format!(
-            "context {n} tokens per sequence x {parallel} (the trained context is {trained}): \
-             what {:.2} GB of {kind} KV cache holds ({source}); -c or --kv-budget overrides",
-            gb(budget)
+            "context {n} tokens per sequence ({limited}); KV pool {fit} tokens ({:.2} GB of {kind}) \
+             shared by {parallel} sequence(s): {source}; -c or --kv-budget overrides",
+            gb(kv_of(fit))
         ),
     })
 }
@@ -320,6 +324,7 @@ impl ModelArgs {
             Some(p) => context_size(&model, kv_type, p, self.ctx, self.kv_budget)?,
             None => ContextSize {
                 n_ctx: model.config.n_ctx_train,
+                pool_tokens: model.config.n_ctx_train,
                 why: String::new(),
             },
         };
@@ -331,6 +336,7 @@ impl ModelArgs {
             tokenizer,
             pool: ThreadPool::new(n_threads),
             n_ctx: sizing.n_ctx,
+            pool_tokens: sizing.pool_tokens,
             kv_type,
         })
     }
@@ -416,12 +422,13 @@ mod tests {
     }
 
     #[test]
-    fn the_context_is_the_trained_one_limited_by_memory() {
-        // 24 GB machine: 5 GB after 18 GB of weights and 1 GB headroom: 54,613 tokens for one.
+    fn the_context_is_the_trained_one_limited_by_the_pool() {
+        // 24 GB machine: 5 GB after 18 GB of weights and 1 GB headroom: 54,613 tokens of pool,
+        // shared by the sequences, each of which may use it all.
         let one = choose_context(&facts(Some(24 * GB)), 1, None, None).unwrap();
-        assert_eq!(one.n_ctx, 54_528);
+        assert_eq!((one.n_ctx, one.pool_tokens), (54_528, 54_613));
         let four = choose_context(&facts(Some(24 * GB)), 4, None, None).unwrap();
-        assert_eq!(four.n_ctx, 13_568);
+        assert_eq!((four.n_ctx, four.pool_tokens), (54_528, 54_613));
         assert!(
             four.why.contains("trained context is 262144"),
             "{}",
@@ -430,21 +437,16 @@ mod tests {
         // Plenty of memory: the trained context.
         let big = choose_context(&facts(Some(200 * GB)), 4, None, None).unwrap();
         assert_eq!(big.n_ctx, 262_144);
+        assert!(big.pool_tokens > 262_144 * 2);
         // --kv-budget replaces the memory estimate; -c wins over both, within the budget.
         let b = choose_context(&facts(Some(24 * GB)), 1, None, Some(12 * GB)).unwrap();
-        assert_eq!(b.n_ctx, 131_072);
-        assert_eq!(
-            choose_context(&facts(None), 2, Some(5000), None)
-                .unwrap()
-                .n_ctx,
-            5000
-        );
+        assert_eq!((b.n_ctx, b.pool_tokens), (131_072, 131_072));
+        let c = choose_context(&facts(Some(24 * GB)), 2, Some(5000), None).unwrap();
+        assert_eq!((c.n_ctx, c.pool_tokens), (5000, 54_613));
         assert!(choose_context(&facts(None), 2, Some(200_000), Some(GB)).is_err());
-        // Unknown memory: the old default.
-        assert_eq!(
-            choose_context(&facts(None), 4, None, None).unwrap().n_ctx,
-            8192
-        );
+        // Unknown memory: the old default, for each sequence.
+        let u = choose_context(&facts(None), 4, None, None).unwrap();
+        assert_eq!((u.n_ctx, u.pool_tokens), (8192, 4 * 8192));
         // Not even 256 tokens fit: a clear error.
         let e = choose_context(&facts(Some(19 * GB)), 4, None, None).unwrap_err();
         assert!(e.to_string().contains("not enough memory"), "{e}");

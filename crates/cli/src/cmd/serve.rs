@@ -141,6 +141,7 @@ impl Args {
             queue: self.queue,
             kv_type: loaded.kv_type,
             threads: self.model.n_threads()?,
+            pool_tokens: loaded.pool_tokens,
             ..SchedulerConfig::default()
         };
         let backend = Scheduler::start(
