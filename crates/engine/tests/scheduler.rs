@@ -420,7 +420,21 @@ fn pool_config(parallel: usize, pool_tokens: usize) -> SchedulerConfig {
 
 #[test]
 fn a_prefix_gives_the_same_logits_from_compute_from_shared_blocks_and_from_the_cache() {
-    let s = start_with(pool_config(2, 0));
+    prefix_from_anywhere(KvType::F16);
+}
+
+/// The same with a q8_0 cache: quantized blocks are shared, copied and reused as they are.
+#[test]
+fn a_quantized_prefix_gives_the_same_logits_from_compute_from_shared_blocks_and_from_the_cache() {
+    prefix_from_anywhere(KvType::Q8_0);
+}
+
+fn prefix_from_anywhere(kv_type: KvType) {
+    let cfg = || SchedulerConfig {
+        kv_type,
+        ..pool_config(2, 0)
+    };
+    let s = start_with(cfg());
     let tok = s.tokenizer().clone();
     let p = long_prompt(&tok, 5 * KV_BLOCK + 20, "");
     // Computed from nothing.
@@ -432,7 +446,7 @@ fn a_prefix_gives_the_same_logits_from_compute_from_shared_blocks_and_from_the_c
     assert_eq!(hot, cold);
     // From another running sequence's blocks: a fresh scheduler runs a request with the same first
     // four blocks and another ending; once it is decoding, the prompt comes in and shares them.
-    let s = start_with(pool_config(2, 0));
+    let s = start_with(cfg());
     let mut other = p[..4 * KV_BLOCK].to_vec();
     other.extend(long_prompt(&tok, 40, "Zebra. "));
     let r = Request {
@@ -525,7 +539,7 @@ fn request_ids(prompt: Vec<u32>, max: usize) -> Request {
     }
 }
 
-fn disk_config(dir: &Path) -> SchedulerConfig {
+fn disk_config(dir: &Path, kv_type: KvType) -> SchedulerConfig {
     let model = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/fixtures/tiny-qwen3moe.q4_k_m.gguf");
     SchedulerConfig {
@@ -534,25 +548,36 @@ fn disk_config(dir: &Path) -> SchedulerConfig {
             limit: 1 << 30,
         }),
         model_identity: hearth_engine::disk_cache::model_identity(&model).unwrap(),
+        kv_type,
         ..pool_config(2, 0)
     }
 }
 
 #[test]
 fn the_prefix_cache_survives_a_restart_on_disk_and_a_corrupt_disk_cache_is_survived() {
+    restart_from_disk(KvType::F16);
+}
+
+/// The same with a q8_0 cache, whose blocks are written and read back as their bytes.
+#[test]
+fn a_quantized_prefix_cache_survives_a_restart_on_disk() {
+    restart_from_disk(KvType::Q8_0);
+}
+
+fn restart_from_disk(kv_type: KvType) {
     let dir = tempfile::tempdir().unwrap();
     let tok = {
         let s = start_with(pool_config(1, 0));
         s.tokenizer().clone()
     };
     let p = long_prompt(&tok, 4 * KV_BLOCK + 30, "");
-    let s = start_with(disk_config(dir.path()));
+    let s = start_with(disk_config(dir.path(), kv_type));
     let (cold, u) = traced(&s, &p, 12);
     assert_eq!(u.n_cached, 0);
     s.shutdown();
     s.join();
     // A new process: the full blocks come back from disk, with the same logits.
-    let s = start_with(disk_config(dir.path()));
+    let s = start_with(disk_config(dir.path(), kv_type));
     let (warm, u) = traced(&s, &p, 12);
     assert_eq!(u.n_cached, 4 * KV_BLOCK, "every full block of the prompt");
     assert_eq!(warm, cold);
@@ -578,7 +603,7 @@ fn the_prefix_cache_survives_a_restart_on_disk_and_a_corrupt_disk_cache_is_survi
         std::fs::write(f, bytes).unwrap();
     }
     std::fs::write(dir.path().join("stray-file"), b"not a cache").unwrap();
-    let s = start_with(disk_config(dir.path()));
+    let s = start_with(disk_config(dir.path(), kv_type));
     let (again, u) = traced(&s, &p, 12);
     assert_eq!(u.n_cached, 0);
     assert_eq!(again, cold);

@@ -16,6 +16,11 @@
 //! rounded on every target) and a polynomial `exp`, so the AVX-512, AVX2 and scalar builds of the
 //! block kernel agree bit for bit. As llama.cpp's flash attention, Q is rounded to the cache's type
 //! for the K·Q products when the cache holds f16.
+//!
+//! A quantized cache (q8_0, q4_0) takes the same path with the raw scores from
+//! [`crate::kv_quant`]: each query quantized to Q8_0 once per task, a block's scores for all of the
+//! task's queries in one integer product against the block's K rows, its V rows dequantized to f32;
+//! the online softmax and the V accumulation are the f32 code above, unchanged.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -26,6 +31,7 @@ use hearth_quant::Level;
 
 use crate::config::Config;
 use crate::kv_cache::{KvCache, KvType, Rows, BLOCK};
+use crate::kv_quant::{self, KeyRows, KvQuant};
 use crate::ops::{exp, tanh};
 use crate::threads::{SharedMut, ThreadPool};
 
@@ -45,6 +51,8 @@ struct TaskBufs {
     vals: Vec<f32>,  // [KEYS, head_dim_v] the block's values
     q: Vec<f32>,     // [rows * heads, head_dim] queries (rounded to the cache type)
     state: Vec<f32>, // [rows * heads, head_dim_v + 2] output accumulator, running max, running sum
+    q8: Vec<u8>,     // [rows * heads, q8_row_bytes(head_dim)] queries as Q8_0 (quantized cache)
+    sc: Vec<f32>,    // [rows * heads, KEYS] a block's raw scores (quantized cache)
 }
 
 thread_local! {
@@ -138,6 +146,11 @@ pub(crate) fn attend(
     let blocks = &blocks[..];
     let out = SharedMut::new(&mut out[..n * od]);
     let level = hearth_quant::kernel_level();
+    let quant = kv.ty().quant();
+    if quant.is_some() {
+        assert!(hd.is_multiple_of(kv_quant::QK) && hdv.is_multiple_of(kv_quant::QK));
+    }
+    let q8b = kv_quant::q8_row_bytes(hd.next_multiple_of(kv_quant::QK));
     pool.run(n_tasks, &|task| {
         // Later blocks of a prefill see more keys: hand them out first.
         let b = blocks.len() - 1 - task / (c.n_head_kv * split);
@@ -157,18 +170,31 @@ pub(crate) fn attend(
             grow(&mut bufs.vals, KEYS * hdv);
             grow(&mut bufs.q, nq * hd);
             grow(&mut bufs.state, nq * sw);
+            if quant.is_some() {
+                grow(&mut bufs.sc, nq * KEYS);
+                if bufs.q8.len() < nq * q8b {
+                    bufs.q8.resize(nq * q8b, 0);
+                }
+            }
             let TaskBufs {
                 kt,
                 vals,
                 q: qs,
                 state,
+                q8,
+                sc,
             } = bufs;
             for (i, t) in (t0..t1).enumerate() {
                 for j in 0..hpt {
                     let h = h0 + j;
                     let src = &r.q[t * qd + h * hd..t * qd + (h + 1) * hd];
-                    let dst = &mut qs[(i * hpt + j) * hd..][..hd];
-                    if kv.ty() == KvType::F16 {
+                    let qi = i * hpt + j;
+                    let dst = &mut qs[qi * hd..][..hd];
+                    if quant.is_some() {
+                        // llama.cpp: Q converted to K's vec_dot_type (Q8_0) by its from_float.
+                        let q8 = &mut q8[qi * q8b..(qi + 1) * q8b];
+                        kv_quant::store_row(level, KvQuant::Q8_0, src, q8);
+                    } else if kv.ty() == KvType::F16 {
                         let mut h = [f16::ZERO; MAX_HEAD_DIM];
                         h[..hd].convert_from_f32_slice(src);
                         h[..hd].convert_to_f32_slice(dst);
@@ -184,23 +210,43 @@ pub(crate) fn attend(
                 let kn = KEYS.min(max_len - k0);
                 // One attention block is one pool block: its rows start at the block's first row.
                 let (keys, values) = kv.block_rows(s, l, k0 / KEYS);
-                let at = KvAt {
-                    k0: 0,
-                    kn,
-                    kd,
-                    vd,
-                    kvh,
-                };
-                load_block(
-                    level,
-                    &keys,
-                    &values,
-                    &at,
-                    &mut kt[..hd * KEYS],
-                    vals,
-                    hd,
-                    hdv,
-                );
+                if let (
+                    Rows::Quant {
+                        ty,
+                        data: kb,
+                        stride: ks,
+                    },
+                    Rows::Quant {
+                        data: vb,
+                        stride: vs,
+                        ..
+                    },
+                ) = (&keys, &values)
+                {
+                    // The task's queries against the block's rows of this KV head, all at once.
+                    let keys = KeyRows::head(*ty, kb, *ks, hd, kvh, kn);
+                    kv_quant::scores(level, hd, &keys, q8, nq, &mut sc[..nq * KEYS]);
+                    let vrows = KeyRows::head(*ty, vb, *vs, hdv, kvh, kn);
+                    kv_quant::values(level, hdv, &vrows, &mut vals[..kn * hdv]);
+                } else {
+                    let at = KvAt {
+                        k0: 0,
+                        kn,
+                        kd,
+                        vd,
+                        kvh,
+                    };
+                    load_block(
+                        level,
+                        &keys,
+                        &values,
+                        &at,
+                        &mut kt[..hd * KEYS],
+                        vals,
+                        hd,
+                        hdv,
+                    );
+                }
                 for (i, t) in (t0..t1).enumerate() {
                     let (len, lo) = (r.pos[t] + 1, r.lo[t]);
                     if len <= k0 || lo >= k0 + KEYS {
@@ -213,18 +259,38 @@ pub(crate) fn attend(
                     while j < hpt {
                         let qi = i * hpt + j;
                         let (kt, vals) = (&kt[..hd * KEYS], &vals[..kc * hdv]);
+                        let scores = |n: usize| -> &[f32; KEYS] {
+                            sc[(qi + n) * KEYS..(qi + n + 1) * KEYS]
+                                .try_into()
+                                .expect("KEYS scores")
+                        };
                         if j + 4 <= hpt {
-                            let q: [&[f32]; 4] =
-                                std::array::from_fn(|n| &qs[(qi + n) * hd..(qi + n + 1) * hd]);
+                            let src = if quant.is_some() {
+                                Scores::Given(std::array::from_fn(scores))
+                            } else {
+                                Scores::Keys {
+                                    kt,
+                                    q: std::array::from_fn(|n| {
+                                        &qs[(qi + n) * hd..(qi + n + 1) * hd]
+                                    }),
+                                }
+                            };
                             let mut st = state[qi * sw..(qi + 4) * sw].chunks_exact_mut(sw);
                             let st: [&mut [f32]; 4] =
                                 std::array::from_fn(|_| st.next().expect("4 states"));
-                            block_n::<4>(level, kt, vals, ks..kc, q, scale, st);
+                            block_n::<4>(level, src, vals, ks..kc, scale, st);
                             j += 4;
                         } else {
-                            let q = &qs[qi * hd..(qi + 1) * hd];
+                            let src = if quant.is_some() {
+                                Scores::Given([scores(0)])
+                            } else {
+                                Scores::Keys {
+                                    kt,
+                                    q: [&qs[qi * hd..(qi + 1) * hd]],
+                                }
+                            };
                             let st = &mut state[qi * sw..(qi + 1) * sw];
-                            block(level, kt, vals, ks..kc, q, scale, st);
+                            block_n::<1>(level, src, vals, ks..kc, scale, [st]);
                             j += 1;
                         }
                     }
@@ -317,6 +383,7 @@ unsafe fn load_block_avx512(
                 _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().cast()))
             }
             Rows::F32(x) => _mm512_loadu_ps(x[i..i + 16].as_ptr()),
+            Rows::Quant { .. } => unreachable!("quantized blocks are read by kv_quant"),
         }
     }
     assert!(kt.len() == hd * KEYS && vals.len() >= at.kn * hdv && at.kn <= KEYS);
@@ -367,23 +434,34 @@ fn to_f32(rows: &Rows, at: usize, dst: &mut [f32]) {
     match rows {
         Rows::F16(x) => x[at..at + dst.len()].convert_to_f32_slice(dst),
         Rows::F32(x) => dst.copy_from_slice(&x[at..at + dst.len()]),
+        Rows::Quant { .. } => unreachable!("quantized blocks are read by kv_quant"),
     }
 }
 
+/// Where a block's raw scores `q · k` come from, for `N` queries.
+#[derive(Clone, Copy)]
+enum Scores<'a, const N: usize> {
+    /// Computed in the block kernel: each query (`[head_dim]`) against the block's keys
+    /// transposed (`kt`: `[head_dim, KEYS]`), one FMA chain per key over the head dimension.
+    Keys { kt: &'a [f32], q: [&'a [f32]; N] },
+    /// Computed already, one `[KEYS]` vector per query (a quantized cache: [`kv_quant::scores`]).
+    Given([&'a [f32; KEYS]; N]),
+}
+
 /// One block of keys for one query: the scores `q · k * scale` of the block's live keys `live`
-/// (lanes `ks..kc` of `kt`: `[head_dim, KEYS]`; `ks` > 0 where a sliding window starts inside the
-/// block), then the online-softmax update of `state` (`[head_dim_v]` output accumulator, running
-/// max, running sum) with their values (`vals`: `[kc, head_dim_v]`, the rows before `ks` unread).
+/// (lanes `ks..kc` of the scores; `ks` > 0 where a sliding window starts inside the block), then
+/// the online-softmax update of `state` (`[head_dim_v]` output accumulator, running max, running
+/// sum) with their values (`vals`: `[kc, head_dim_v]`, the rows before `ks` unread).
+#[cfg(test)]
 fn block(
     level: Level,
-    kt: &[f32],
+    src: Scores<1>,
     vals: &[f32],
     live: Range<usize>,
-    q: &[f32],
     scale: Scale,
     state: &mut [f32],
 ) {
-    block_n::<1>(level, kt, vals, live, [q], scale, [state])
+    block_n::<1>(level, src, vals, live, scale, [state])
 }
 
 /// [`block`] for `N` queries at once (query heads of one row, so the same keys): every key and
@@ -391,10 +469,9 @@ fn block(
 /// same order, so the results are the same bits.
 fn block_n<const N: usize>(
     level: Level,
-    kt: &[f32],
+    src: Scores<N>,
     vals: &[f32],
     live: Range<usize>,
-    q: [&[f32]; N],
     scale: Scale,
     state: [&mut [f32]; N],
 ) {
@@ -402,39 +479,37 @@ fn block_n<const N: usize>(
     {
         match level {
             // SAFETY: the level is at most what the CPU supports (hearth_quant checks).
-            Level::Avx512 => return unsafe { block_avx512::<N>(kt, vals, live, q, scale, state) },
-            Level::Avx2 => return unsafe { block_avx2::<N>(kt, vals, live, q, scale, state) },
+            Level::Avx512 => return unsafe { block_avx512::<N>(src, vals, live, scale, state) },
+            Level::Avx2 => return unsafe { block_avx2::<N>(src, vals, live, scale, state) },
             Level::Scalar => {}
         }
     }
     let _ = level;
-    block_body::<N, ScalarSoft>(kt, vals, live, q, scale, state)
+    block_body::<N, ScalarSoft>(src, vals, live, scale, state)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn block_avx512<const N: usize>(
-    kt: &[f32],
+    src: Scores<N>,
     vals: &[f32],
     live: Range<usize>,
-    q: [&[f32]; N],
     scale: Scale,
     state: [&mut [f32]; N],
 ) {
-    block_body::<N, Avx512Soft>(kt, vals, live, q, scale, state)
+    block_body::<N, Avx512Soft>(src, vals, live, scale, state)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn block_avx2<const N: usize>(
-    kt: &[f32],
+    src: Scores<N>,
     vals: &[f32],
     live: Range<usize>,
-    q: [&[f32]; N],
     scale: Scale,
     state: [&mut [f32]; N],
 ) {
-    block_body::<N, ScalarSoft>(kt, vals, live, q, scale, state)
+    block_body::<N, ScalarSoft>(src, vals, live, scale, state)
 }
 
 /// A block's softmax steps, per kernel level; every level gives the same bits (the scalar code's
@@ -597,28 +672,35 @@ const OUT_CHUNK: usize = 64;
 
 #[inline(always)]
 fn block_body<const N: usize, S: Soft>(
-    kt: &[f32],
+    src: Scores<N>,
     vals: &[f32],
     live: Range<usize>,
-    q: [&[f32]; N],
     scale: Scale,
     state: [&mut [f32]; N],
 ) {
-    let hd = q[0].len();
     let hdv = state[0].len() - 2;
     let (ks, kc) = (live.start, live.end);
-    assert!(ks < kc && kc <= KEYS && kt.len() == hd * KEYS && vals.len() == kc * hdv);
-    for n in 0..N {
-        assert!(q[n].len() == hd && state[n].len() == hdv + 2);
-    }
-    // Scores: for each key lane, one FMA chain over the head dimension in order.
+    assert!(ks < kc && kc <= KEYS && vals.len() == kc * hdv);
+    assert!(state.iter().all(|st| st.len() == hdv + 2));
     let mut s = [[0f32; KEYS]; N];
-    for d in 0..hd {
-        let col: &[f32; KEYS] = kt[d * KEYS..(d + 1) * KEYS].try_into().expect("KEYS wide");
-        for n in 0..N {
-            let qd = q[n][d];
-            for k in 0..KEYS {
-                s[n][k] = qd.mul_add(col[k], s[n][k]);
+    match src {
+        Scores::Keys { kt, q } => {
+            let hd = q[0].len();
+            assert!(kt.len() == hd * KEYS && q.iter().all(|q| q.len() == hd));
+            // For each key lane, one FMA chain over the head dimension in order.
+            for d in 0..hd {
+                let col: &[f32; KEYS] = kt[d * KEYS..(d + 1) * KEYS].try_into().expect("KEYS wide");
+                for n in 0..N {
+                    let qd = q[n][d];
+                    for k in 0..KEYS {
+                        s[n][k] = qd.mul_add(col[k], s[n][k]);
+                    }
+                }
+            }
+        }
+        Scores::Given(g) => {
+            for (s, g) in s.iter_mut().zip(g) {
+                *s = *g;
             }
         }
     }
@@ -682,6 +764,17 @@ fn block_body<const N: usize, S: Soft>(
 mod tests {
     use super::*;
 
+    /// The scores of `q` against transposed keys, in the block kernel's order.
+    fn raw_scores(kt: &[f32], q: &[f32]) -> [f32; KEYS] {
+        let mut s = [0f32; KEYS];
+        for (d, &qd) in q.iter().enumerate() {
+            for k in 0..KEYS {
+                s[k] = qd.mul_add(kt[d * KEYS + k], s[k]);
+            }
+        }
+        s
+    }
+
     #[test]
     fn block_kernels_agree_bit_for_bit() {
         // Every level, one query or four at once, equals the scalar body on one query, bit for
@@ -723,15 +816,26 @@ mod tests {
                     .iter()
                     .map(|q| {
                         let mut st = fresh();
-                        block_body::<1, ScalarSoft>(&kt, vals, ks..kc, [q], sc, [&mut st]);
-                        block_body::<1, ScalarSoft>(&kt, vals, ks..kc, [q], sc, [&mut st]);
+                        let src = Scores::Keys { kt: &kt, q: [q] };
+                        block_body::<1, ScalarSoft>(src, vals, ks..kc, sc, [&mut st]);
+                        block_body::<1, ScalarSoft>(src, vals, ks..kc, sc, [&mut st]);
                         st
                     })
                     .collect();
                 for level in hearth_quant::simd::available_levels() {
                     let mut got = fresh();
-                    block(level, &kt, vals, ks..kc, &qs[0], sc, &mut got);
-                    block(level, &kt, vals, ks..kc, &qs[0], sc, &mut got);
+                    let src = Scores::Keys {
+                        kt: &kt,
+                        q: [&qs[0]],
+                    };
+                    block(level, src, vals, ks..kc, sc, &mut got);
+                    block(level, src, vals, ks..kc, sc, &mut got);
+                    // The same raw scores given (a quantized cache's path): the same bits.
+                    let mut given = fresh();
+                    let raw = raw_scores(&kt, &qs[0]);
+                    block(level, Scores::Given([&raw]), vals, ks..kc, sc, &mut given);
+                    block(level, Scores::Given([&raw]), vals, ks..kc, sc, &mut given);
+                    assert_eq!(bits(&given), bits(&want[0]), "given, level {level}");
                     assert_eq!(
                         bits(&got),
                         bits(&want[0]),
@@ -743,7 +847,7 @@ mod tests {
                         let mut it = four.iter_mut();
                         let st: [&mut [f32]; 4] =
                             std::array::from_fn(|_| &mut it.next().unwrap()[..]);
-                        block_n::<4>(level, &kt, vals, ks..kc, q, sc, st);
+                        block_n::<4>(level, Scores::Keys { kt: &kt, q }, vals, ks..kc, sc, st);
                     }
                     for n in 0..4 {
                         assert_eq!(
@@ -839,15 +943,8 @@ mod tests {
                 }
                 let ks = lo.saturating_sub(k0);
                 let level = hearth_quant::kernel_level();
-                block(
-                    level,
-                    &kt,
-                    &vb,
-                    ks..kc,
-                    &q,
-                    Scale::new(scale, cap),
-                    &mut state,
-                );
+                let src = Scores::Keys { kt: &kt, q: [&q] };
+                block(level, src, &vb, ks..kc, Scale::new(scale, cap), &mut state);
             }
             let scores: Vec<f64> = keys[lo..]
                 .iter()

@@ -33,6 +33,16 @@ pub enum ModelError {
         /// Its type.
         ty: GgmlType,
     },
+    /// A quantized KV cache for heads that are not whole 32-element blocks.
+    #[error("a {ty} KV cache stores each head as blocks of 32 elements, but this model's heads have {head_dim} (K) and {head_dim_v} (V): use f16 or f32")]
+    KvType {
+        /// The KV type's name.
+        ty: &'static str,
+        /// K head dimension.
+        head_dim: usize,
+        /// V head dimension.
+        head_dim_v: usize,
+    },
     /// A batch that does not fit the buffers or the KV cache.
     #[error("invalid batch: {0}")]
     Batch(String),

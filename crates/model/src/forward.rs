@@ -10,6 +10,7 @@ use hearth_quant::{dequantize_row, vec_dot_type};
 use crate::attention::{attend, AttnRows};
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
+use crate::kv_rotate::{fwht, Rotation};
 use crate::matmul::{
     matmul, matmul_fused, matmul_gather, matmul_swiglu, Group, Product, QuantActs,
 };
@@ -253,6 +254,8 @@ impl Model {
     }
 
     fn check_batch(&self, kv: &KvCache, s: &Scratch, b: &Batch) -> Result<(), ModelError> {
+        kv.ty()
+            .check_heads(self.config.head_dim, self.config.head_dim_v)?;
         let n = b.tokens.len();
         if n == 0 || b.pos.len() != n || b.seq.len() != n || b.logits.len() != n {
             return Err(ModelError::Batch(format!(
@@ -388,6 +391,19 @@ impl Model {
         emit(tap, "Qcur", l, &s.q, n, qd);
         emit(tap, "Kcur", l, &s.k, n, kd);
 
+        // A quantized cache holds K and V rotated, as llama.cpp's (see kv_rotate): Q and K alike,
+        // so the scores are unchanged, and V here with the output rotated back below.
+        let rot = Rotation::of(kv.ty(), hd, c.head_dim_v);
+        for (buf, width, chunk) in [
+            (&mut s.q, qd, rot.k),
+            (&mut s.k, kd, rot.k),
+            (&mut s.v, vd, rot.v),
+        ] {
+            if let Some(chunk) = chunk {
+                rotate_rows(pool, &mut buf[..n * width], width, chunk);
+            }
+        }
+
         for t in 0..n {
             kv.store(
                 b.seq[t],
@@ -412,6 +428,9 @@ impl Model {
         attend(pool, c, kv, l, &rows, &mut s.attn_blocks, &mut s.attn);
         let od = c.n_head * c.head_dim_v;
         emit(tap, "kqv_out", l, &s.attn, n, od);
+        if let Some(chunk) = rot.v {
+            rotate_rows(pool, &mut s.attn[..n * od], od, chunk);
+        }
 
         s.acts.quantize(pool, layer.wo.ty, &s.attn, n, od, od);
         matmul(pool, &layer.wo, &s.acts, n, &mut s.proj, d);
@@ -690,6 +709,14 @@ fn emit(
 /// shape and one activation type for both (their weight types may differ, e.g. Q4_K and Q6_K).
 fn fusable(gate: &Weight, up: &Weight) -> bool {
     vec_dot_type(gate.ty) == vec_dot_type(up.ty) && gate.rows == up.rows && gate.cols == up.cols
+}
+
+/// [`fwht`] of every `chunk` elements of `rows` (`[n, width]`), rows spread over the threads.
+fn rotate_rows(pool: &ThreadPool, rows: &mut [f32], width: usize, chunk: usize) {
+    let n = rows.len() / width;
+    pool.for_rows(rows, width, rows_per_task(pool, n), &|rows, _| {
+        fwht(rows, chunk)
+    });
 }
 
 /// Rows per task for a row-wise pass over `n` rows: about four tasks per thread (one task, run

@@ -20,6 +20,7 @@ use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use crate::error::ModelError;
+use crate::kv_quant::{self, KvQuant, QK};
 
 /// Token positions per pool block.
 pub const BLOCK: usize = 64;
@@ -31,91 +32,168 @@ pub enum KvType {
     F16,
     /// Single precision.
     F32,
+    /// llama.cpp's `-ctk/-ctv q8_0`: blocks of 32 elements, 8-bit quants and an f16 scale
+    /// (34 bytes per 32 elements).
+    Q8_0,
+    /// llama.cpp's `-ctk/-ctv q4_0`: blocks of 32 elements, 4-bit quants and an f16 scale
+    /// (18 bytes per 32 elements).
+    Q4_0,
 }
 
 impl KvType {
-    /// Bytes of one element.
-    pub fn element_bytes(self) -> usize {
-        match self {
-            KvType::F16 => 2,
-            KvType::F32 => 4,
+    /// Every type, for tests and listings.
+    pub const ALL: [KvType; 4] = [KvType::F16, KvType::F32, KvType::Q8_0, KvType::Q4_0];
+
+    /// Bytes of a row of `n` elements (a whole number of 32-element blocks for the quantized
+    /// types, which [`KvType::check_heads`] makes sure of).
+    pub fn row_bytes(self, n: usize) -> usize {
+        match (self, self.quant()) {
+            (_, Some(q)) => n.div_ceil(QK) * q.block_bytes(),
+            (KvType::F16, None) => 2 * n,
+            _ => 4 * n,
         }
     }
 
-    /// The name used on the command line and in cache keys (`f16`, `f32`).
+    /// The name used on the command line and in cache keys (`f16`, `f32`, `q8_0`, `q4_0`).
     pub fn name(self) -> &'static str {
         match self {
             KvType::F16 => "f16",
             KvType::F32 => "f32",
+            KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
         }
+    }
+
+    /// The block format of a quantized type.
+    pub(crate) fn quant(self) -> Option<KvQuant> {
+        match self {
+            KvType::F16 | KvType::F32 => None,
+            KvType::Q8_0 => Some(KvQuant::Q8_0),
+            KvType::Q4_0 => Some(KvQuant::Q4_0),
+        }
+    }
+
+    /// Whether heads of `head_dim` (K) and `head_dim_v` (V) elements fit this type: a quantized
+    /// cache stores each head as whole 32-element blocks, as llama.cpp requires too.
+    pub fn check_heads(self, head_dim: usize, head_dim_v: usize) -> Result<(), ModelError> {
+        if self.quant().is_none() || (head_dim.is_multiple_of(QK) && head_dim_v.is_multiple_of(QK))
+        {
+            return Ok(());
+        }
+        Err(ModelError::KvType {
+            ty: self.name(),
+            head_dim,
+            head_dim_v,
+        })
     }
 }
 
-enum Store {
+/// One kind of row storage, rows of `width` elements.
+struct Store {
+    width: usize,
+    data: Data,
+}
+
+enum Data {
     // f16 bits: `vec![0u16; n]` is a zeroed allocation the OS maps lazily, where `vec![f16::ZERO; n]`
     // would write every element and make the whole cache resident up front.
     F16(Vec<u16>),
     F32(Vec<f32>),
+    // Whole rows of blocks, `KvQuant::row_bytes(width)` bytes each.
+    Quant(KvQuant, Vec<u8>),
 }
 
 impl Store {
-    fn new(ty: KvType, n: usize) -> Store {
-        // Zeroed allocations map lazily, so an unused context costs no resident memory.
-        match ty {
-            KvType::F16 => Store::F16(vec![0u16; n]),
-            KvType::F32 => Store::F32(vec![0.0; n]),
+    /// `rows` zeroed rows (zeroed allocations map lazily, so an unused pool costs no resident
+    /// memory).
+    fn new(ty: KvType, rows: usize, width: usize) -> Store {
+        let data = match (ty, ty.quant()) {
+            (_, Some(q)) => Data::Quant(q, vec![0u8; rows * ty.row_bytes(width)]),
+            (KvType::F16, None) => Data::F16(vec![0u16; rows * width]),
+            _ => Data::F32(vec![0.0; rows * width]),
+        };
+        Store { width, data }
+    }
+
+    /// Elements (f16, f32) or bytes (quantized) per row.
+    fn unit(&self) -> usize {
+        match &self.data {
+            Data::F16(_) | Data::F32(_) => self.width,
+            Data::Quant(q, _) => q.row_bytes(self.width),
         }
     }
 
-    fn write(&mut self, at: usize, src: &[f32]) {
-        match self {
+    /// Stores row `row`; a quantized row's bytes depend on `src` alone.
+    fn write(&mut self, row: usize, src: &[f32]) {
+        debug_assert_eq!(src.len(), self.width);
+        let at = row * self.unit();
+        match &mut self.data {
             // The slice conversion (F16C where the CPU has it), not a detected call per element.
-            Store::F16(v) => v[at..at + src.len()]
+            Data::F16(v) => v[at..at + src.len()]
                 .reinterpret_cast_mut::<f16>()
                 .convert_from_f32_slice(src),
-            Store::F32(v) => v[at..at + src.len()].copy_from_slice(src),
+            Data::F32(v) => v[at..at + src.len()].copy_from_slice(src),
+            Data::Quant(q, v) => {
+                let n = q.row_bytes(src.len());
+                kv_quant::store_row(hearth_quant::kernel_level(), *q, src, &mut v[at..at + n])
+            }
         }
     }
 
-    fn rows(&self, at: usize, len: usize) -> Rows<'_> {
-        match self {
-            Store::F16(v) => Rows::F16(as_f16(&v[at..at + len])),
-            Store::F32(v) => Rows::F32(&v[at..at + len]),
+    /// Rows `row..row + count`.
+    fn rows(&self, row: usize, count: usize) -> Rows<'_> {
+        let (at, len) = (row * self.unit(), count * self.unit());
+        match &self.data {
+            Data::F16(v) => Rows::F16(as_f16(&v[at..at + len])),
+            Data::F32(v) => Rows::F32(&v[at..at + len]),
+            Data::Quant(q, v) => Rows::Quant {
+                ty: *q,
+                data: &v[at..at + len],
+                stride: self.unit(),
+            },
         }
     }
 
-    fn copy_within(&mut self, src: usize, dst: usize, len: usize) {
-        match self {
-            Store::F16(v) => v.copy_within(src..src + len, dst),
-            Store::F32(v) => v.copy_within(src..src + len, dst),
+    /// Copies rows `src..src + count` to `dst..`.
+    fn copy_within(&mut self, src: usize, dst: usize, count: usize) {
+        let u = self.unit();
+        let (src, dst, len) = (src * u, dst * u, count * u);
+        match &mut self.data {
+            Data::F16(v) => v.copy_within(src..src + len, dst),
+            Data::F32(v) => v.copy_within(src..src + len, dst),
+            Data::Quant(_, v) => v.copy_within(src..src + len, dst),
         }
     }
 
-    /// Elements `at..at + len` as little-endian bytes, appended to `out`.
-    fn export(&self, at: usize, len: usize, out: &mut Vec<u8>) {
-        match self {
-            Store::F16(v) => v[at..at + len]
+    /// Rows `row..row + count` as little-endian bytes, appended to `out`.
+    fn export(&self, row: usize, count: usize, out: &mut Vec<u8>) {
+        let (at, len) = (row * self.unit(), count * self.unit());
+        match &self.data {
+            Data::F16(v) => v[at..at + len]
                 .iter()
                 .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            Store::F32(v) => v[at..at + len]
+            Data::F32(v) => v[at..at + len]
                 .iter()
                 .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Data::Quant(_, v) => out.extend_from_slice(&v[at..at + len]),
         }
     }
 
-    /// Elements `at..` from little-endian bytes (`bytes.len()` a multiple of the element size).
-    fn import(&mut self, at: usize, bytes: &[u8]) {
-        match self {
-            Store::F16(v) => {
+    /// Rows from `row` on from [`Store::export`]'s bytes (whole rows).
+    fn import(&mut self, row: usize, bytes: &[u8]) {
+        let at = row * self.unit();
+        match &mut self.data {
+            Data::F16(v) => {
                 for (d, b) in v[at..].iter_mut().zip(bytes.chunks_exact(2)) {
                     *d = u16::from_le_bytes([b[0], b[1]]);
                 }
             }
-            Store::F32(v) => {
+            Data::F32(v) => {
                 for (d, b) in v[at..].iter_mut().zip(bytes.chunks_exact(4)) {
                     *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 }
             }
+            Data::Quant(_, v) => v[at..at + bytes.len()].copy_from_slice(bytes),
         }
     }
 }
@@ -124,6 +202,13 @@ impl Store {
 pub(crate) enum Rows<'a> {
     F16(&'a [f16]),
     F32(&'a [f32]),
+    /// Quantized rows of `stride` bytes each (a whole token's row; head `h` of `head_dim` elements
+    /// at byte `h * ty.row_bytes(head_dim)` within it).
+    Quant {
+        ty: KvQuant,
+        data: &'a [u8],
+        stride: usize,
+    },
 }
 
 /// Keys and values of up to `n_seq` sequences of up to `n_ctx` positions each, in a pool of
@@ -181,8 +266,8 @@ impl KvCache {
             k_dim,
             v_dim,
             ty,
-            k: Store::new(ty, rows * k_dim),
-            v: Store::new(ty, rows * v_dim),
+            k: Store::new(ty, rows, k_dim),
+            v: Store::new(ty, rows, v_dim),
             tables: vec![Vec::new(); n_seq],
         }
     }
@@ -214,7 +299,7 @@ impl KvCache {
 
     /// Bytes of one block (its keys and values at every layer): the size of an exported block.
     pub fn block_bytes(&self) -> usize {
-        self.n_layer * BLOCK * (self.k_dim + self.v_dim) * self.ty.element_bytes()
+        self.n_layer * BLOCK * (self.ty.row_bytes(self.k_dim) + self.ty.row_bytes(self.v_dim))
     }
 
     /// The blocks of a sequence: `table[i]` holds positions `[i * BLOCK, (i + 1) * BLOCK)`.
@@ -256,8 +341,8 @@ impl KvCache {
     pub(crate) fn store(&mut self, seq: usize, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
         let b = self.tables[seq][pos / BLOCK] as usize;
         let i = self.row_index(b, layer, pos % BLOCK);
-        self.k.write(i * self.k_dim, k);
-        self.v.write(i * self.v_dim, v);
+        self.k.write(i, k);
+        self.v.write(i, v);
     }
 
     /// The K and V rows (`[BLOCK, k_dim]`, `[BLOCK, v_dim]`) of the `i`-th block of a sequence at a
@@ -265,10 +350,7 @@ impl KvCache {
     pub(crate) fn block_rows(&self, seq: usize, layer: usize, i: usize) -> (Rows<'_>, Rows<'_>) {
         let b = self.tables[seq][i] as usize;
         let r = self.row_index(b, layer, 0);
-        (
-            self.k.rows(r * self.k_dim, BLOCK * self.k_dim),
-            self.v.rows(r * self.v_dim, BLOCK * self.v_dim),
-        )
+        (self.k.rows(r, BLOCK), self.v.rows(r, BLOCK))
     }
 
     /// Copies the first `rows` positions of block `src` into block `dst` at every layer (a
@@ -281,10 +363,8 @@ impl KvCache {
         }
         for l in 0..self.n_layer {
             let (s, d) = (self.row_index(src, l, 0), self.row_index(dst, l, 0));
-            self.k
-                .copy_within(s * self.k_dim, d * self.k_dim, rows * self.k_dim);
-            self.v
-                .copy_within(s * self.v_dim, d * self.v_dim, rows * self.v_dim);
+            self.k.copy_within(s, d, rows);
+            self.v.copy_within(s, d, rows);
         }
     }
 
@@ -295,8 +375,8 @@ impl KvCache {
         out.reserve(self.block_bytes());
         let rows = self.n_layer * BLOCK;
         let r = self.row_index(b, 0, 0);
-        self.k.export(r * self.k_dim, rows * self.k_dim, out);
-        self.v.export(r * self.v_dim, rows * self.v_dim, out);
+        self.k.export(r, rows, out);
+        self.v.export(r, rows, out);
     }
 
     /// Fills block `b` from [`KvCache::export_block`]'s bytes. Refused (nothing written) unless
@@ -312,10 +392,10 @@ impl KvCache {
             )));
         }
         let rows = self.n_layer * BLOCK;
-        let kb = rows * self.k_dim * self.ty.element_bytes();
+        let kb = rows * self.ty.row_bytes(self.k_dim);
         let r = self.row_index(b, 0, 0);
-        self.k.import(r * self.k_dim, &bytes[..kb]);
-        self.v.import(r * self.v_dim, &bytes[kb..]);
+        self.k.import(r, &bytes[..kb]);
+        self.v.import(r, &bytes[kb..]);
         Ok(())
     }
 }
@@ -328,6 +408,7 @@ fn as_f16(bits: &[u16]) -> &[f16] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hearth_quant::Level;
 
     #[test]
     fn positions_map_through_the_table() {
@@ -352,13 +433,61 @@ mod tests {
     }
 
     #[test]
+    fn quantized_rows_are_their_blocks() {
+        // A row's bytes are kv_quant's blocks of that row alone, at the row's place in its block.
+        for ty in [KvType::Q8_0, KvType::Q4_0] {
+            let (kd, vd) = (64, 96);
+            let mut kv = KvCache::pool(2, 1, 2 * BLOCK, 1, kd, vd, ty);
+            kv.table_mut(0).extend([1, 0]);
+            let k: Vec<f32> = (0..kd).map(|i| (i as f32 * 0.3).sin()).collect();
+            let v: Vec<f32> = (0..vd).map(|i| (i as f32 * 0.7).cos() * 3.0).collect();
+            kv.store(0, 0, BLOCK + 5, &k, &v);
+            let q = ty.quant().unwrap();
+            let (mut kb, mut vb) = (vec![0u8; ty.row_bytes(kd)], vec![0u8; ty.row_bytes(vd)]);
+            kv_quant::store_row(Level::Scalar, q, &k, &mut kb);
+            kv_quant::store_row(Level::Scalar, q, &v, &mut vb);
+            let (
+                Rows::Quant {
+                    data: kr,
+                    stride: ks,
+                    ..
+                },
+                Rows::Quant {
+                    data: vr,
+                    stride: vs,
+                    ..
+                },
+            ) = kv.block_rows(0, 0, 1)
+            else {
+                panic!("quantized rows")
+            };
+            assert_eq!((ks, vs), (kb.len(), vb.len()));
+            assert_eq!(
+                (&kr[5 * ks..6 * ks], &vr[5 * vs..6 * vs]),
+                (&kb[..], &vb[..])
+            );
+            assert!(kr[..5 * ks].iter().all(|&b| b == 0));
+            assert_eq!(kv.block_bytes(), BLOCK * (kb.len() + vb.len()));
+        }
+        assert!(
+            KvType::Q8_0.check_heads(64, 128).is_ok() && KvType::F16.check_heads(80, 80).is_ok()
+        );
+        let e = KvType::Q4_0.check_heads(80, 64).unwrap_err().to_string();
+        assert!(e.contains("q4_0") && e.contains("80"), "{e}");
+    }
+
+    #[test]
     fn blocks_copy_export_and_import_whole() {
-        for ty in [KvType::F16, KvType::F32] {
-            let mut kv = KvCache::pool(3, 1, 3 * BLOCK, 2, 4, 4, ty);
+        for ty in KvType::ALL {
+            // Rows of one 32-element block, so the quantized types fit too.
+            let w = 32;
+            let mut kv = KvCache::pool(3, 1, 3 * BLOCK, 2, w, w, ty);
             kv.table_mut(0).extend([1, 2]);
             for p in 0..BLOCK + 3 {
                 let x = p as f32;
-                kv.store(0, p % 2, p, &[x, -x, 0.5, 1.0], &[2.0 * x, 1.0, 0.0, -1.0]);
+                let k: Vec<f32> = (0..w).map(|i| x - i as f32).collect();
+                let v: Vec<f32> = (0..w).map(|i| x * 0.5 + i as f32).collect();
+                kv.store(0, p % 2, p, &k, &v);
             }
             let mut a = Vec::new();
             kv.export_block(1, &mut a);
@@ -373,7 +502,7 @@ mod tests {
             let (mut c, mut d) = (Vec::new(), Vec::new());
             kv.export_block(0, &mut c);
             kv.export_block(2, &mut d);
-            let row = 4 * ty.element_bytes();
+            let row = ty.row_bytes(w);
             assert_eq!(c[..2 * row], d[..2 * row]);
             assert_eq!(c[2 * row..3 * row], a[2 * row..3 * row]);
         }

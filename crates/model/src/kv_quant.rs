@@ -15,6 +15,9 @@
 //! - V rows are dequantized to f32 (`to_float`, exact: one product `q * d` per element) and the
 //!   output is accumulated in f32 by attention as for an f16 cache.
 //!
+//! The rows arrive here rotated, Q and K alike, V with the output rotated back after attention,
+//! as llama.cpp rotates a quantized cache ([`crate::kv_rotate`]); these kernels do not see it.
+//!
 //! Every element's bytes or bits are a function of its own row (and query) only, and every kernel
 //! level (AVX-512, AVX2, scalar) gives the same bits: the scalar functions here are the twins the
 //! SIMD ones are tested against.
@@ -193,6 +196,26 @@ pub(crate) struct KeyRows<'a> {
     pub stride: usize,
     /// Rows, at most [`KEYS`].
     pub count: usize,
+}
+
+impl<'a> KeyRows<'a> {
+    /// The rows of head `h` (of `dim` elements) among `count` whole-token rows of `stride` bytes
+    /// starting at `rows`.
+    pub(crate) fn head(
+        ty: KvQuant,
+        rows: &'a [u8],
+        stride: usize,
+        dim: usize,
+        h: usize,
+        count: usize,
+    ) -> KeyRows<'a> {
+        KeyRows {
+            ty,
+            data: &rows[h * ty.row_bytes(dim)..],
+            stride,
+            count,
+        }
+    }
 }
 
 /// The raw scores `q · k` of `n` queries (Q8_0 rows of `hd` elements back to back in `q`, as

@@ -21,9 +21,8 @@ mod config;
 mod error;
 mod forward;
 mod kv_cache;
-// Not wired into attention yet (the paged pool comes first).
-#[allow(dead_code)]
 mod kv_quant;
+mod kv_rotate;
 mod matmul;
 mod model;
 mod names;

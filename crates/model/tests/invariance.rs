@@ -91,7 +91,7 @@ fn assert_invariant(name: &str) {
 }
 
 fn assert_model_invariant(name: &str, model: &Model) {
-    for kv_type in [KvType::F16, KvType::F32] {
+    for kv_type in KvType::ALL {
         let reference = run(model, 1, 64, false, kv_type);
         for (threads, chunk, together) in [
             (2, 64, false),

@@ -255,3 +255,36 @@ fn gemma2_defaults_as_llama_cpp() {
     assert_eq!((local.freq_base, local.freq_scale), (500.0, 1.0));
     assert_eq!(c.ropes[c.layers[1].rope].freq_base, 10_000.0);
 }
+
+#[test]
+fn quantized_kv_cache_needs_whole_blocks_per_head() {
+    // Heads of 24 elements are not whole 32-element blocks: a q8_0 or q4_0 cache is refused by
+    // name, before anything is written; f16 runs.
+    use hearth_model::{Batch, KvCache, KvType, Scratch, ThreadPool};
+    let model = Model::load(common::Tiny::qwen3().build(1)).unwrap();
+    let c = &model.config;
+    assert_eq!(c.head_dim, 24);
+    let pool = ThreadPool::new(1);
+    let mut scratch = Scratch::new(&model, 4);
+    let batch = Batch {
+        tokens: &[1, 2],
+        pos: &[0, 1],
+        seq: &[0, 0],
+        logits: &[false, true],
+    };
+    for ty in KvType::ALL {
+        let mut kv = KvCache::new(1, c.n_layer, 64, c.k_dim(), c.v_dim(), ty);
+        let got = model.forward(&pool, &mut kv, &mut scratch, &batch, None);
+        match ty {
+            KvType::F16 | KvType::F32 => assert!(got.is_ok()),
+            _ => {
+                let e = got.unwrap_err();
+                assert!(matches!(e, ModelError::KvType { .. }), "{e}");
+                assert!(
+                    e.to_string().contains(ty.name()) && e.to_string().contains("24"),
+                    "{e}"
+                );
+            }
+        }
+    }
+}

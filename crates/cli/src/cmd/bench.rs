@@ -176,7 +176,7 @@ pub fn run(args: Args) -> Result<()> {
         n_params: model.gguf().tensors().iter().map(|t| t.n_elements).sum(),
         n_threads: m.pool.n_threads(),
         n_batch: args.batch,
-        kv_type: format!("{:?}", m.kv_type).to_lowercase(),
+        kv_type: m.kv_type.name().to_string(),
         kv_bytes,
         kv_depth,
         weight_bytes_per_token: weight_bytes_per_token(model),

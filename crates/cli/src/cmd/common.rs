@@ -27,7 +27,8 @@ pub struct ModelArgs {
     /// after the weights, less 1 GiB of headroom).
     #[arg(long, value_parser = parse_size)]
     pub kv_budget: Option<u64>,
-    /// KV cache element type.
+    /// KV cache element type: f16, f32, or llama.cpp's `-ctk/-ctv` block formats q8_0 and q4_0
+    /// (for heads that are multiples of 32 elements).
     #[arg(long, value_enum, default_value = "f16")]
     pub kv_type: KvTypeArg,
 }
@@ -39,6 +40,12 @@ pub enum KvTypeArg {
     F16,
     /// Single precision.
     F32,
+    /// 8-bit blocks of 32 (34 bytes per 32 elements), as llama.cpp's q8_0.
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// 4-bit blocks of 32 (18 bytes per 32 elements), as llama.cpp's q4_0.
+    #[value(name = "q4_0")]
+    Q4_0,
 }
 
 impl From<KvTypeArg> for KvType {
@@ -46,6 +53,8 @@ impl From<KvTypeArg> for KvType {
         match k {
             KvTypeArg::F16 => KvType::F16,
             KvTypeArg::F32 => KvType::F32,
+            KvTypeArg::Q8_0 => KvType::Q8_0,
+            KvTypeArg::Q4_0 => KvType::Q4_0,
         }
     }
 }
@@ -79,7 +88,7 @@ pub struct ContextSize {
 /// KV cache bytes per position of one sequence.
 pub fn kv_bytes_per_token(model: &Model, kv_type: KvType) -> u64 {
     let c = &model.config;
-    (c.n_layer * (c.k_dim() + c.v_dim()) * kv_type.element_bytes()) as u64
+    (c.n_layer * (kv_type.row_bytes(c.k_dim()) + kv_type.row_bytes(c.v_dim()))) as u64
 }
 
 /// Chooses the KV pool and the context per sequence. The pool is what the budget holds
@@ -320,6 +329,9 @@ impl ModelArgs {
                 Ok((model, tokenizer))
             })?;
         let kv_type: KvType = self.kv_type.into();
+        kv_type
+            .check_heads(model.config.head_dim, model.config.head_dim_v)
+            .with_context(|| format!("--kv-type {}", kv_type.name()))?;
         let sizing = match parallel {
             Some(p) => context_size(&model, kv_type, p, self.ctx, self.kv_budget)?,
             None => ContextSize {
