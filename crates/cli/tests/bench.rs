@@ -120,3 +120,47 @@ fn depth_runs_each_test_after_a_context() {
         "{err}"
     );
 }
+
+/// `--kv-type q8_0|q4_0`: the KV bytes reported are the block formats' (34 and 18 bytes per 32
+/// elements against f16's 64), and a 4096-token context runs on a q8_0 cache, reported at 65
+/// blocks of 64 positions (4096 + 2 + 1 positions) where -d 40 needs one.
+#[test]
+fn quantized_kv_types_report_their_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    let model = model.to_str().unwrap();
+    hearth(&["synth", "qwen3-moe-tiny", "-o", model]);
+    let bench = |kv: &str, depth: &str| -> Value {
+        let out = hearth(&[
+            "bench",
+            model,
+            "-t",
+            "2",
+            "-p",
+            "2",
+            "-n",
+            "1",
+            "-r",
+            "1",
+            "-d",
+            depth,
+            "--json",
+            "--kv-type",
+            kv,
+        ]);
+        let tests: Vec<Value> = serde_json::from_slice(&out.stdout).expect("a JSON array");
+        tests.last().unwrap().clone()
+    };
+    let bytes = |t: &Value| t["kv_cache_bytes"].as_u64().unwrap();
+    let f16 = bytes(&bench("f16", "40"));
+    let q8 = bench("q8_0", "40");
+    assert_eq!(
+        (q8["type_k"].as_str(), q8["type_v"].as_str()),
+        (Some("q8_0"), Some("q8_0"))
+    );
+    assert_eq!(bytes(&q8) * 64, f16 * 34);
+    assert_eq!(bytes(&bench("q4_0", "40")) * 64, f16 * 18);
+    let deep = bench("q8_0", "4096");
+    assert_eq!(deep["n_depth"].as_u64(), Some(4096));
+    assert_eq!(bytes(&deep), 65 * bytes(&q8));
+}
