@@ -74,6 +74,9 @@ const PREFILL_CHUNK_WHILE_DECODING: usize = 128;
 /// rest go when the engine is idle, or when they are evicted.
 const DISK_PUT_PER_RETIRE: usize = 64 << 20;
 
+/// How long a shutdown goes on writing cached blocks to the disk tier.
+const SHUTDOWN_SAVE: Duration = Duration::from_secs(10);
+
 struct Shared {
     info: ModelInfo,
     tokenizer: Arc<Tokenizer>,
@@ -370,8 +373,11 @@ impl<'a> Engine<'a> {
                 if q.is_empty() {
                     if self.sh.shutdown.load(Ordering::Acquire) {
                         drop(q);
-                        // Nothing lost at a restart: every cached block goes to disk.
-                        while self.save_cached(DISK_PUT_PER_RETIRE) {}
+                        // Little lost at a restart: cached blocks go to disk, for a while.
+                        let t0 = Instant::now();
+                        while t0.elapsed() < SHUTDOWN_SAVE && self.save_cached(DISK_PUT_PER_RETIRE)
+                        {
+                        }
                         return;
                     }
                     drop(q);
