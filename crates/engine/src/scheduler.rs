@@ -157,13 +157,6 @@ impl Scheduler {
             thread: Mutex::new(Some(thread)),
         })
     }
-
-    /// Waits for the engine thread to end (after [`Backend::shutdown`] and the last request).
-    pub fn join(&self) {
-        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// The text of a panic payload.
@@ -220,6 +213,13 @@ impl Backend for Scheduler {
         // that has seen `Done` never sees its sequence still counted as active.
         s.active = self.in_flight().saturating_sub(s.queued);
         s
+    }
+
+    /// Waits for the engine thread to end (after [`Backend::shutdown`] and the last request).
+    fn join(&self) {
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
     }
 
     fn shutdown(&self) {

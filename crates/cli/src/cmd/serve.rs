@@ -398,6 +398,16 @@ pub fn run(args: Args) -> Result<()> {
             Ok(r) => r.context("server task")?,
             Err(_) => tracing::warn!("grace period over; exiting with replies still in flight"),
         }
+        // The engine's last work: the disk cache's writes (bounded by the engine itself).
+        if let Some(b) = backend {
+            let join = tokio::task::spawn_blocking(move || b.join());
+            if tokio::time::timeout(Duration::from_secs(grace + 15), join)
+                .await
+                .is_err()
+            {
+                tracing::warn!("the engine did not finish in time; exiting");
+            }
+        }
         anyhow::Ok(())
     });
     // Do not wait for a model load still running on a blocking thread (SIGTERM while loading).
