@@ -1,7 +1,8 @@
 //! `hearth serve` under attack and faults, as a real process: a template bomb (given with
 //! `--chat-template` and carried inside a GGUF), hundreds of idle sockets under a low open-file
 //! limit, and a failpoint that makes an engine step panic. In each case the affected request gets a
-//! clear error and the server goes on serving everyone else.
+//! clear error and the server goes on serving everyone else. A `--cache-dir` that cannot be made
+//! stops the server at start, naming it.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -245,4 +246,40 @@ fn a_panicking_engine_step_fails_one_request_and_the_server_goes_on() {
     assert_eq!(status, 200, "the next request is served: {body}");
     assert_eq!(request(server.port, "GET", "/health", "").0, 200);
     assert_eq!(server.metric("hearth_active_sequences"), 0.0);
+}
+
+#[test]
+fn a_cache_dir_that_cannot_be_made_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = shared("fixtures/tiny-qwen3.q4_0.gguf");
+    let serve = |extra: &[&str]| {
+        let port = free_port().to_string();
+        let mut args = vec!["serve", &model, "--port", &port];
+        args.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // A file where the directory should be: the error names it.
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let err = serve(&["--cache-dir", file.to_str().unwrap()]);
+    assert!(err.contains("not-a-dir"), "{err}");
+    // A size without a directory is a usage error.
+    let err = serve(&["--cache-disk", "1G"]);
+    assert!(err.contains("--cache-dir"), "{err}");
+    // A directory that does not exist yet is made, and the server runs.
+    let good = dir.path().join("cache/kv");
+    let server = Server::start(
+        &model,
+        &["--cache-dir", good.to_str().unwrap(), "--cache-disk", "64M"],
+        "",
+        &[],
+    );
+    assert!(good.is_dir());
+    let (status, body) = request(server.port, "POST", "/v1/completions", COMPLETION);
+    assert_eq!(status, 200, "{body}");
 }

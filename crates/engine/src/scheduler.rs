@@ -74,6 +74,9 @@ const PREFILL_CHUNK_WHILE_DECODING: usize = 128;
 /// rest go when the engine is idle, or when they are evicted.
 const DISK_PUT_PER_RETIRE: usize = 64 << 20;
 
+/// How long a shutdown goes on writing cached blocks to the disk tier.
+const SHUTDOWN_SAVE: Duration = Duration::from_secs(10);
+
 struct Shared {
     info: ModelInfo,
     tokenizer: Arc<Tokenizer>,
@@ -154,13 +157,6 @@ impl Scheduler {
             thread: Mutex::new(Some(thread)),
         })
     }
-
-    /// Waits for the engine thread to end (after [`Backend::shutdown`] and the last request).
-    pub fn join(&self) {
-        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// The text of a panic payload.
@@ -217,6 +213,13 @@ impl Backend for Scheduler {
         // that has seen `Done` never sees its sequence still counted as active.
         s.active = self.in_flight().saturating_sub(s.queued);
         s
+    }
+
+    /// Waits for the engine thread to end (after [`Backend::shutdown`] and the last request).
+    fn join(&self) {
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
     }
 
     fn shutdown(&self) {
@@ -370,8 +373,11 @@ impl<'a> Engine<'a> {
                 if q.is_empty() {
                     if self.sh.shutdown.load(Ordering::Acquire) {
                         drop(q);
-                        // Nothing lost at a restart: every cached block goes to disk.
-                        while self.save_cached(DISK_PUT_PER_RETIRE) {}
+                        // Little lost at a restart: cached blocks go to disk, for a while.
+                        let t0 = Instant::now();
+                        while t0.elapsed() < SHUTDOWN_SAVE && self.save_cached(DISK_PUT_PER_RETIRE)
+                        {
+                        }
                         return;
                     }
                     drop(q);

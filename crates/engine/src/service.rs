@@ -186,6 +186,9 @@ pub trait Backend: Send + Sync + 'static {
     fn stats(&self) -> Stats;
     /// Stops accepting requests; running ones finish.
     fn shutdown(&self);
+    /// After [`Backend::shutdown`]: waits until the backend has finished its work (the last
+    /// request, and what it saves on the way out, such as the disk cache).
+    fn join(&self) {}
     /// Requests running or waiting.
     fn in_flight(&self) -> usize;
     /// `Err` with the reason once the backend can no longer serve (`/health` answers 503).

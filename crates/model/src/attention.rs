@@ -339,6 +339,11 @@ fn load_block(
         // SAFETY: the level is at most what the CPU supports (hearth_quant checks).
         return unsafe { load_block_avx512(keys, values, at, kt, vals, hd, hdv) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx2 {
+        // SAFETY: as above.
+        return unsafe { load_block_avx2(keys, values, at, kt, vals, hd, hdv) };
+    }
     let _ = level;
     let mut row = [0f32; MAX_HEAD_DIM];
     for k in 0..KEYS {
@@ -425,6 +430,102 @@ unsafe fn load_block_avx512(
         }
         if hdv16 < hdv {
             to_f32(values, src + hdv16, &mut dst[hdv16..]);
+        }
+    }
+}
+
+/// [`load_block`] with 8 × 8 tiles converted (`vcvtph2ps`) and transposed in registers (AVX2).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn load_block_avx2(
+    keys: &Rows,
+    values: &Rows,
+    at: &KvAt,
+    kt: &mut [f32],
+    vals: &mut [f32],
+    hd: usize,
+    hdv: usize,
+) {
+    use std::arch::x86_64::*;
+    /// 8 elements at `i` as f32 (`i + 8` within the rows).
+    #[inline(always)]
+    unsafe fn load8(rows: &Rows, i: usize) -> __m256 {
+        match rows {
+            Rows::F16(x) => {
+                let s = &x[i..i + 8];
+                _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast()))
+            }
+            Rows::F32(x) => _mm256_loadu_ps(x[i..i + 8].as_ptr()),
+            Rows::Quant { .. } => unreachable!("quantized blocks are read by kv_quant"),
+        }
+    }
+    /// Rows become columns.
+    #[inline(always)]
+    unsafe fn transpose8(r: &mut [__m256; 8]) {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        r[0] = _mm256_permute2f128_ps::<0x20>(u0, u4);
+        r[1] = _mm256_permute2f128_ps::<0x20>(u1, u5);
+        r[2] = _mm256_permute2f128_ps::<0x20>(u2, u6);
+        r[3] = _mm256_permute2f128_ps::<0x20>(u3, u7);
+        r[4] = _mm256_permute2f128_ps::<0x31>(u0, u4);
+        r[5] = _mm256_permute2f128_ps::<0x31>(u1, u5);
+        r[6] = _mm256_permute2f128_ps::<0x31>(u2, u6);
+        r[7] = _mm256_permute2f128_ps::<0x31>(u3, u7);
+    }
+    assert!(kt.len() == hd * KEYS && vals.len() >= at.kn * hdv && at.kn <= KEYS);
+    let hd8 = hd / 8 * 8;
+    for kb in (0..KEYS).step_by(8) {
+        for db in (0..hd8).step_by(8) {
+            let mut r = [_mm256_setzero_ps(); 8];
+            for (i, v) in r.iter_mut().enumerate() {
+                if kb + i < at.kn {
+                    *v = load8(keys, (at.k0 + kb + i) * at.kd + at.kvh * hd + db);
+                }
+            }
+            transpose8(&mut r);
+            for (j, v) in r.iter().enumerate() {
+                let dst = &mut kt[(db + j) * KEYS + kb..][..8];
+                _mm256_storeu_ps(dst.as_mut_ptr(), *v);
+            }
+        }
+        // The dimensions past the last multiple of 8, one by one.
+        for d in hd8..hd {
+            for k in kb..kb + 8 {
+                kt[d * KEYS + k] = if k < at.kn {
+                    let mut x = [0f32; 1];
+                    to_f32(keys, (at.k0 + k) * at.kd + at.kvh * hd + d, &mut x);
+                    x[0]
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+    let hdv8 = hdv / 8 * 8;
+    for k in 0..at.kn {
+        let src = (at.k0 + k) * at.vd + at.kvh * hdv;
+        let dst = &mut vals[k * hdv..(k + 1) * hdv];
+        for d in (0..hdv8).step_by(8) {
+            _mm256_storeu_ps(dst[d..d + 8].as_mut_ptr(), load8(values, src + d));
+        }
+        if hdv8 < hdv {
+            to_f32(values, src + hdv8, &mut dst[hdv8..]);
         }
     }
 }
@@ -863,8 +964,15 @@ mod tests {
 
     #[test]
     fn load_block_is_the_same_at_every_level() {
-        // f16 and f32 caches, a head dimension with a tail past 16, full and partial blocks.
-        let (hd, hdv, kvh, n_kv) = (72, 40, 1, 2);
+        // f16 and f32 caches, head dimensions with tails past 16 and past 8, full and partial
+        // blocks.
+        for (hd, hdv) in [(72, 40), (68, 36)] {
+            load_block_case(hd, hdv);
+        }
+    }
+
+    fn load_block_case(hd: usize, hdv: usize) {
+        let (kvh, n_kv) = (1, 2);
         let (kd, vd) = (n_kv * hd, n_kv * hdv);
         let n = 100;
         let kf: Vec<f32> = (0..n * kd).map(|i| ((i as f32) * 0.37).sin()).collect();

@@ -7,8 +7,11 @@
 //! reject or drop a system message after the start). `tool_use` blocks become `tool_calls`,
 //! `tool_result` blocks become `tool` messages, `thinking` blocks become `reasoning_content`;
 //! several text blocks of one message are joined with a blank line. Per-request metadata that is
-//! not meant for the model is not rendered: Claude Code's `x-anthropic-billing-header: ...` system
-//! block (it carries a per-request nonce, which would break the prefix cache of every turn).
+//! not meant for the model is not rendered, so that what a client resends renders to the same
+//! tokens and the prefix cache holds: Claude Code's billing header (`x-anthropic-billing-header:
+//! ...;` at the start of a system text, its fields changing per conversation or per request; see
+//! [`strip_billing_header`]), `metadata` (`user_id`: device and session ids) and `cache_control`
+//! (breakpoints Claude Code moves to the newest message every turn).
 //! `thinking` `enabled` or `adaptive` turns the template's thinking on, `disabled` off; with
 //! `display: "omitted"` the reply carries no thinking blocks. Fields Hearth has no use for
 //! (`metadata`, `context_management`, `output_config`, `cache_control`, ...) are ignored, and so are
@@ -111,15 +114,63 @@ pub struct CountRequest {
     pub thinking: Option<Thinking>,
 }
 
-/// The prefix of Claude Code's per-request billing block in `system`: metadata, not prompt.
+/// The prefix of Claude Code's billing header in `system`: metadata, not prompt.
 const BILLING_HEADER: &str = "x-anthropic-billing-header:";
+
+/// `text` without a leading Claude Code billing header: `x-anthropic-billing-header:` and its
+/// `key=value;` fields (`cc_version=2.1.328.286; cc_entrypoint=cli; cch=a5145;`), and the line
+/// break after them. Claude Code sends it as its own first `system` block, but the fields change
+/// from conversation to conversation (the version's suffix) or from request to request (the `cch`
+/// nonce), so rendered it would end the shared prefix of every prompt a few tokens in. Clients
+/// and proxies that flatten `system` into one string put the real system prompt right after the
+/// last `;` (llama.cpp's server sees `...; cch=a5145;You are Claude Code, ...`): that text is kept.
+/// A text that does not start with the header and at least one field is returned whole.
+fn strip_billing_header(text: &str) -> &str {
+    let Some(mut rest) = text.strip_prefix(BILLING_HEADER) else {
+        return text;
+    };
+    let mut fields = 0;
+    loop {
+        let field = rest.trim_start_matches([' ', '\t']);
+        let key_len = field
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+            .unwrap_or(field.len());
+        let value = match field.get(key_len..) {
+            Some(v) if key_len > 0 && v.starts_with('=') => &v[1..],
+            _ => break,
+        };
+        match value.find([';', '\n']) {
+            Some(end) if value[end..].starts_with(';') => rest = &value[end + 1..],
+            _ => break,
+        }
+        fields += 1;
+    }
+    if fields == 0 {
+        // The words without the fields are not Claude Code's header: text like any other.
+        return text;
+    }
+    let rest = rest.trim_start_matches([' ', '\t']);
+    rest.strip_prefix("\r\n")
+        .or_else(|| rest.strip_prefix('\n'))
+        .unwrap_or(rest)
+}
 
 /// Text of a content value (a string or blocks), text blocks joined with a blank line. `where_`
 /// names the field in errors.
 fn text_of(v: &Value, where_: &str) -> Result<String, ApiError> {
+    texts(v, where_, |t| t)
+}
+
+/// [`text_of`] for a system prompt: a billing header at the start of a text is not rendered.
+fn system_text_of(v: &Value, where_: &str) -> Result<String, ApiError> {
+    texts(v, where_, strip_billing_header)
+}
+
+/// [`text_of`] with `keep` applied to every text (string or block).
+fn texts(v: &Value, where_: &str, keep: fn(&str) -> &str) -> Result<String, ApiError> {
     let blocks = match v {
         Value::Null => return Ok(String::new()),
-        Value::String(s) => return Ok(s.clone()),
+        Value::String(s) => return Ok(keep(s).to_string()),
         Value::Array(b) => b,
         _ => {
             return Err(ApiError::bad_request(format!(
@@ -132,8 +183,10 @@ fn text_of(v: &Value, where_: &str) -> Result<String, ApiError> {
         match b.get("type").and_then(Value::as_str) {
             Some("text") => {
                 let t = b.get("text").and_then(Value::as_str).unwrap_or("");
-                if !t.starts_with(BILLING_HEADER) {
-                    parts.push(t);
+                let kept = keep(t);
+                // A block that was only the header goes (no blank line left for it).
+                if kept.len() == t.len() || !kept.is_empty() {
+                    parts.push(kept);
                 }
             }
             Some(t @ ("image" | "document")) => {
@@ -158,7 +211,7 @@ fn ignore_block(kind: Option<&str>, where_: &str) {
 fn to_messages(system: Option<&Value>, raw: &[Value]) -> Result<Vec<Value>, ApiError> {
     let mut out = Vec::new();
     if let Some(s) = system {
-        let text = text_of(s, "system")?;
+        let text = system_text_of(s, "system")?;
         if !text.is_empty() {
             out.push(json!({"role": "system", "content": text}));
         }
@@ -175,13 +228,17 @@ fn to_messages(system: Option<&Value>, raw: &[Value]) -> Result<Vec<Value>, ApiE
         let where_ = format!("messages.{i}.content");
         let content = m.get("content").unwrap_or(&Value::Null);
         let blocks = match content {
+            Value::String(s) if role == "system" => {
+                out.push(json!({"role": role, "content": strip_billing_header(s)}));
+                continue;
+            }
             Value::String(s) => {
                 out.push(json!({"role": role, "content": s}));
                 continue;
             }
             Value::Array(b) if role != "system" => b,
             Value::Array(_) => {
-                out.push(json!({"role": "system", "content": text_of(content, &where_)?}));
+                out.push(json!({"role": "system", "content": system_text_of(content, &where_)?}));
                 continue;
             }
             _ => {

@@ -69,7 +69,7 @@ impl Metrics {
             return o;
         };
         let rate = |n: u64, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
-        let rows: [(&str, &str, &str, f64); 14] = [
+        let rows: [(&str, &str, &str, f64); 15] = [
             (
                 "prompt_tokens_total",
                 "counter",
@@ -93,6 +93,12 @@ impl Metrics {
                 "counter",
                 "Prompt tokens looked up in the prefix cache (all but each prompt's last, which is always computed); hits are cached_prompt_tokens_total.",
                 s.prefix_query_tokens as f64,
+            ),
+            (
+                "prefix_cache_disk_tokens_total",
+                "counter",
+                "Of the cached prompt tokens, those read back from the disk cache (--cache-dir).",
+                s.disk_cached_tokens as f64,
             ),
             (
                 "generated_tokens_total",

@@ -80,7 +80,14 @@ pub struct ScriptedBackend {
     prompt_tokens: Arc<AtomicU64>,
     generated: Arc<AtomicU64>,
     constrained: AtomicUsize,
+    /// The prompts of the last [`PROMPT_LOG`] submissions, oldest first, so tests can check what
+    /// the handlers rendered (e.g. that consecutive turns of a recorded agent session share their
+    /// prefix).
+    prompts: Mutex<std::collections::VecDeque<Vec<u32>>>,
 }
+
+/// How many submitted prompts [`ScriptedBackend::take_prompts`] keeps.
+const PROMPT_LOG: usize = 256;
 
 /// Errors building a scripted backend.
 #[derive(Debug, thiserror::Error)]
@@ -106,7 +113,14 @@ impl ScriptedBackend {
             prompt_tokens: Arc::new(AtomicU64::new(0)),
             generated: Arc::new(AtomicU64::new(0)),
             constrained: AtomicUsize::new(0),
+            prompts: Mutex::new(std::collections::VecDeque::new()),
         }
+    }
+
+    /// The prompts submitted since the last call (at most the last 256), oldest first.
+    pub fn take_prompts(&self) -> Vec<Vec<u32>> {
+        let mut p = self.prompts.lock().unwrap_or_else(|e| e.into_inner());
+        p.drain(..).collect()
     }
 
     /// How many requests so far carried a grammar.
@@ -278,6 +292,13 @@ impl Backend for ScriptedBackend {
             return Err(SubmitError::QueueFull { queued: 64 });
         }
         check_request(&request, self.info.n_ctx, self.info.n_vocab)?;
+        {
+            let mut p = self.prompts.lock().unwrap_or_else(|e| e.into_inner());
+            if p.len() == PROMPT_LOG {
+                p.pop_front();
+            }
+            p.push_back(request.prompt.clone());
+        }
         let script = self.reply_for(&request.prompt);
         if let Some(g) = &request.constraint {
             self.constrained.fetch_add(1, Ordering::SeqCst);

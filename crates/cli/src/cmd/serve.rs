@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use hearth_engine::disk_cache::{model_identity, DiskCacheConfig};
 use hearth_engine::scheduler::{Scheduler, SchedulerConfig};
 use hearth_engine::{Backend, ModelInfo};
 use hearth_server::listen::{self, ConnConfig};
@@ -17,7 +18,7 @@ use hearth_server::stream::StreamConfig;
 use hearth_server::{AppState, ServerConfig};
 use hearth_tokenizer::template::ChatTemplate;
 
-use super::common::ModelArgs;
+use super::common::{parse_size, ModelArgs};
 
 /// Arguments of `hearth serve`.
 #[derive(clap::Args, Debug)]
@@ -75,6 +76,15 @@ pub struct Args {
     /// limit the longest-idle connection is closed, and when all are busy new ones get 503.
     #[arg(long)]
     max_connections: Option<usize>,
+    /// Keep prefix-cache blocks (evicted and finished ones) in files under this directory, keyed by
+    /// the model file, the KV type and the tokens, so they are reloaded after an eviction or a
+    /// restart. Created if missing; refused at start if it cannot be written.
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Most bytes the disk cache may use, e.g. `20G`, `512M` (default: 10% of the free space of
+    /// --cache-dir's filesystem, at most 64G).
+    #[arg(long, value_parser = parse_size, requires = "cache_dir")]
+    cache_disk: Option<u64>,
     /// Testing: play this file's text instead of running the model. Several replies are separated
     /// by a line holding only `--- next reply ---`: reply k answers a prompt that already holds k
     /// assistant turns, and the last one repeats (so an agent sees a tool call, then after the
@@ -99,8 +109,42 @@ impl Args {
         Ok(None)
     }
 
+    /// `--cache-dir` and `--cache-disk`: the directory is created and checked for writing now, so a
+    /// bad one stops the server at start with its path rather than failing every write later.
+    fn disk_cache(&self) -> Result<Option<DiskCacheConfig>> {
+        let Some(dir) = &self.cache_dir else {
+            return Ok(None);
+        };
+        let mut cfg = DiskCacheConfig {
+            dir: dir.clone(),
+            limit: 0,
+        };
+        cfg.check().context("--cache-dir")?;
+        cfg.limit = match self.cache_disk {
+            Some(n) => n,
+            None => {
+                let free = free_space(dir).with_context(|| {
+                    format!(
+                        "cannot read the free space of {}; give --cache-disk SIZE",
+                        dir.display()
+                    )
+                })?;
+                let limit = default_cache_disk(free);
+                tracing::info!(
+                    "disk cache: --cache-disk {} MiB, 10% of the {} MiB free on the filesystem of {} (at most {} GiB)",
+                    limit >> 20,
+                    free >> 20,
+                    dir.display(),
+                    CACHE_DISK_CAP >> 30
+                );
+                limit
+            }
+        };
+        Ok(Some(cfg))
+    }
+
     /// Loads the model (or the scripted stand-in) and starts the backend.
-    fn backend(&self) -> Result<(Arc<dyn Backend>, ChatTemplate)> {
+    fn backend(&self, disk: Option<DiskCacheConfig>) -> Result<(Arc<dyn Backend>, ChatTemplate)> {
         anyhow::ensure!(self.parallel >= 1, "--parallel must be at least 1");
         let path = &self.model.model;
         if let Some(script) = &self.scripted {
@@ -135,6 +179,12 @@ impl Args {
             self.alias.clone(),
             Some(template.source().to_string()),
         );
+        // The disk tier's files are only valid for this exact file (a copy elsewhere is the same).
+        let model_identity = match &disk {
+            Some(_) => model_identity(path)
+                .with_context(|| format!("cannot read {} to key the disk cache", path.display()))?,
+            None => 0,
+        };
         let cfg = SchedulerConfig {
             parallel: self.parallel,
             n_ctx: loaded.n_ctx,
@@ -142,6 +192,8 @@ impl Args {
             kv_type: loaded.kv_type,
             threads: self.model.n_threads()?,
             pool_tokens: loaded.pool_tokens,
+            disk,
+            model_identity,
             ..SchedulerConfig::default()
         };
         let backend = Scheduler::start(
@@ -176,6 +228,37 @@ impl Args {
         }
         Ok(template)
     }
+}
+
+/// The most `--cache-disk` defaults to.
+const CACHE_DISK_CAP: u64 = 64 << 30;
+
+/// `--cache-disk` when not given: 10% of the free space, at most [`CACHE_DISK_CAP`].
+fn default_cache_disk(free: u64) -> u64 {
+    (free / 10).min(CACHE_DISK_CAP)
+}
+
+/// Bytes available to this (unprivileged) process on the filesystem holding `dir`.
+#[cfg(unix)]
+fn free_space(dir: &std::path::Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: all-zero bytes are a valid `statvfs` (integers only), which the call overwrites.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path that outlives the call, and statvfs writes only the
+    // struct it is given.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The field types differ between libcs (u32 on some 32-bit targets).
+    #[allow(clippy::useless_conversion)]
+    let (avail, frsize) = (u64::from(s.f_bavail), u64::from(s.f_frsize));
+    Ok(avail.saturating_mul(frsize))
+}
+
+#[cfg(not(unix))]
+fn free_space(_dir: &std::path::Path) -> std::io::Result<u64> {
+    Err(std::io::Error::other("free space is only known on unix"))
 }
 
 /// The line that separates the replies of a `--scripted` file.
@@ -239,6 +322,7 @@ pub fn run(args: Args) -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .try_init();
+    let disk = args.disk_cache()?;
     let positive = |name: &str, v: u64| {
         anyhow::ensure!(v > 0, "--{name} must be at least 1 second");
         Ok(Duration::from_secs(v))
@@ -292,7 +376,7 @@ pub fn run(args: Args) -> Result<()> {
             .await
         });
         eprintln!("hearth: listening on http://{local} (loading the model)");
-        let loaded = tokio::task::spawn_blocking(move || args.backend().map(|b| (b, args.grace)));
+        let loaded = tokio::task::spawn_blocking(move || args.backend(disk).map(|b| (b, args.grace)));
         let (backend, grace) = tokio::select! {
             r = loaded => {
                 let ((backend, template), grace) = r.context("model loading panicked")??;
@@ -314,6 +398,16 @@ pub fn run(args: Args) -> Result<()> {
             Ok(r) => r.context("server task")?,
             Err(_) => tracing::warn!("grace period over; exiting with replies still in flight"),
         }
+        // The engine's last work: the disk cache's writes (bounded by the engine itself).
+        if let Some(b) = backend {
+            let join = tokio::task::spawn_blocking(move || b.join());
+            if tokio::time::timeout(Duration::from_secs(grace + 15), join)
+                .await
+                .is_err()
+            {
+                tracing::warn!("the engine did not finish in time; exiting");
+            }
+        }
         anyhow::Ok(())
     });
     // Do not wait for a model load still running on a blocking thread (SIGTERM while loading).
@@ -323,7 +417,20 @@ pub fn run(args: Args) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::split_replies;
+    use super::{default_cache_disk, split_replies};
+
+    #[test]
+    fn the_default_disk_cache_is_a_tenth_of_the_free_space_at_most_64g() {
+        assert_eq!(default_cache_disk(100 << 30), 10 << 30);
+        assert_eq!(default_cache_disk(10 << 40), 64 << 30);
+        assert_eq!(default_cache_disk(0), 0);
+        #[cfg(unix)]
+        {
+            use super::free_space;
+            assert!(free_space(std::path::Path::new("/")).unwrap() > 0);
+            assert!(free_space(std::path::Path::new("/no/such/dir")).is_err());
+        }
+    }
 
     #[test]
     fn replies_are_split_at_separator_lines() {

@@ -22,20 +22,22 @@
 //!   file of this namespace is deleted at open. One process should use a directory at a time (a
 //!   second one would delete the first's temp files at open; the checksums keep both correct).
 
+mod dir;
 mod format;
 mod identity;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::fs::{self, File};
+use std::io;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 pub use identity::{cache_namespace, model_identity};
 
+use dir::{file_name, prepare_dir, remove_any, scan};
 use format::Invalid;
 
 /// The hash chain of a block: `h_i = xxh3_128(h_{i-1} as 16 LE bytes ‖ its token ids as u32 LE)`,
@@ -64,31 +66,32 @@ impl DiskCacheConfig {
 }
 
 /// Why the disk tier cannot run. The caller logs it and runs without the disk tier, or refuses.
+/// The message names the directory and says what the OS said (it is not repeated as a `source`).
 #[derive(Debug, thiserror::Error)]
 pub enum DiskCacheError {
     /// The directory does not exist and cannot be made (or a file is in its place).
-    #[error("cannot create the cache directory {}: {source}", path.display())]
+    #[error("cannot create the cache directory {}: {error}", path.display())]
     Create {
         /// The directory.
         path: PathBuf,
         /// What the OS said.
-        source: io::Error,
+        error: io::Error,
     },
     /// The directory cannot be listed.
-    #[error("cannot read the cache directory {}: {source}", path.display())]
+    #[error("cannot read the cache directory {}: {error}", path.display())]
     Read {
         /// The directory.
         path: PathBuf,
         /// What the OS said.
-        source: io::Error,
+        error: io::Error,
     },
     /// No file can be created in the directory.
-    #[error("cannot write in the cache directory {}: {source}", path.display())]
+    #[error("cannot write in the cache directory {}: {error}", path.display())]
     Write {
         /// The directory.
         path: PathBuf,
         /// What the OS said.
-        source: io::Error,
+        error: io::Error,
     },
     /// The writer thread could not be started.
     #[error("cannot start the disk cache writer: {0}")]
@@ -239,120 +242,6 @@ impl State {
         }
         victims
     }
-}
-
-/// `<hash>.blk`.
-fn file_name(h: BlockHash) -> String {
-    format!("{h:032x}.blk")
-}
-
-/// The hash a cache file's name stands for: exactly 32 lowercase hex digits and `.blk`.
-fn parse_name(name: &str) -> Option<BlockHash> {
-    let hex = name.strip_suffix(".blk")?;
-    let ok = hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    if !ok {
-        return None;
-    }
-    u128::from_str_radix(hex, 16).ok()
-}
-
-/// Creates `dir` and checks a file can be written in it.
-fn prepare_dir(dir: &Path) -> Result<(), DiskCacheError> {
-    fs::create_dir_all(dir).map_err(|source| DiskCacheError::Create {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    // The `.tmp` suffix: if this is left behind by a crash, the next open deletes it.
-    let probe = dir.join(format!(".probe.{}.tmp", std::process::id()));
-    let written = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&probe)
-        .and_then(|mut f| f.write_all(b"probe"));
-    let _ = fs::remove_file(&probe);
-    written.map_err(|source| DiskCacheError::Write {
-        path: dir.to_path_buf(),
-        source,
-    })
-}
-
-/// Deletes whatever is at `path` (a directory with its contents; a symlink, not its target).
-fn remove_any(path: &Path) {
-    let r = match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(path),
-        Ok(_) => fs::remove_file(path),
-        Err(e) => Err(e),
-    };
-    match r {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => tracing::warn!("disk cache: cannot delete {}: {e}", path.display()),
-    }
-}
-
-/// A valid cache file found at open.
-struct Found {
-    hash: BlockHash,
-    size: u64,
-    mtime: SystemTime,
-}
-
-/// Checks the entry `name` of the namespace directory by its name and header.
-fn check_entry(path: &Path, name: &str, namespace: u128) -> Result<Found, String> {
-    let hash = parse_name(name).ok_or("not a cache file name")?;
-    let meta = fs::symlink_metadata(path).map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
-    let mut f = File::open(path).map_err(|e| e.to_string())?;
-    let header = format::read_header(&mut f).map_err(|e| e.to_string())?;
-    header
-        .check(namespace, hash, meta.len())
-        .map_err(|e| e.to_string())?;
-    Ok(Found {
-        hash,
-        size: meta.len(),
-        mtime: meta.modified().unwrap_or(UNIX_EPOCH),
-    })
-}
-
-/// Lists the namespace directory: valid files by their headers; everything else is deleted.
-fn scan(dir: &Path, namespace: u128, stats: &mut DiskStats) -> Result<Vec<Found>, DiskCacheError> {
-    let entries = fs::read_dir(dir).map_err(|source| DiskCacheError::Read {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let mut found = Vec::new();
-    for entry in entries {
-        let entry = match entry {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::warn!("disk cache: cannot list {}: {e}", dir.display());
-                continue;
-            }
-        };
-        let path = entry.path();
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.ends_with(".tmp") {
-            tracing::debug!(
-                "disk cache: deleting {}, left by an interrupted write",
-                path.display()
-            );
-            remove_any(&path);
-            continue;
-        }
-        match check_entry(&path, &name, namespace) {
-            Ok(f) => found.push(f),
-            Err(why) => {
-                tracing::warn!("disk cache: deleting {}: {why}", path.display());
-                remove_any(&path);
-                stats.corrupt += 1;
-            }
-        }
-    }
-    Ok(found)
 }
 
 /// Writes `job` to `tmp`. On an error the caller deletes `tmp`.
