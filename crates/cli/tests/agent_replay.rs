@@ -1,9 +1,10 @@
 //! `scripts/agent-replay` against a real `hearth serve`: the first two requests of two recorded
 //! Codex sessions (Responses API, ~6k tokens each: the smallest first turns of the recorded
-//! clients), concurrently on two sequences, on a one-layer
+//! clients), interleaved on one sequence (more conversations than `--parallel`), on a one-layer
 //! synthetic Qwen3-MoE with the real Qwen3 vocabulary (so the prompts tokenize as on the real
 //! model). Checks the report's shape (the table, the JSON of every turn and the totals) and that
-//! each conversation's second turn is served from the prefix cache. Also runs `--self-test` (the parser on canned
+//! each conversation's second turn is served from the prefix cache, though the other conversation
+//! ran on the sequence in between (the pool keeps finished prompts' blocks). Also runs `--self-test` (the parser on canned
 //! replies of hearth and llama-server in every API). Standard-library Python; skipped with a note
 //! where no Python is found.
 
@@ -91,7 +92,7 @@ fn agent_replay_against_hearth_serve() {
             "--turns",
             "2",
             "--parallel",
-            "2",
+            "1",
             "-t",
             "2",
             "--ctx",
@@ -130,8 +131,8 @@ fn agent_replay_against_hearth_serve() {
         assert!(t["prompt_tokens"].as_u64().unwrap() > 1000, "{t}");
         assert!(t["ttft_s"].as_f64().unwrap() <= t["total_s"].as_f64().unwrap());
         if t["turn"] == 1 {
-            // The previous turn's prompt is still in the conversation's sequence: only the new
-            // tool call and its result are prefilled.
+            // The previous turn's prompt is still in the pool's prefix cache: only the new tool
+            // call and its result are prefilled.
             let (p, c) = (
                 t["prompt_tokens"].as_f64().unwrap(),
                 t["cached_tokens"].as_f64().unwrap(),
