@@ -312,3 +312,80 @@ fn stores_match_llama_cpp_cpu_quantizers() {
     }
     assert!(n_rows >= 40);
 }
+
+/// Attention at depth, f16 against the quantized caches: one decode row (and one prefill task of
+/// 16 rows) over `HEARTH_BENCH_DEPTH` (default 4096) cached positions of one layer of SmolLM2's
+/// shape (9 heads of 64 over 3 KV heads), the types alternated and the median of each reported.
+/// Run: `cargo test --release -p hearth-model --lib bench_attention -- --ignored --nocapture`
+/// (`HEARTH_KERNELS=avx2` for the AVX2 path, e.g. under callgrind, which has no AVX-512).
+#[test]
+#[ignore]
+fn bench_attention_at_depth() {
+    use crate::attention::{attend, AttnRows};
+    use crate::{Config, KvCache, KvType, ThreadPool};
+    let path = std::env::var("HEARTH_SMOLLM2").unwrap_or_else(|_| {
+        format!(
+            "{}/../../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    });
+    let model = crate::Model::open(&path).expect("scripts/fetch-model smollm2");
+    let c: &Config = &model.config;
+    let depth: usize = std::env::var("HEARTH_BENCH_DEPTH").map_or(4096, |d| d.parse().unwrap());
+    let iters: usize = std::env::var("HEARTH_BENCH_ITERS").map_or(20, |d| d.parse().unwrap());
+    let (kd, vd) = (c.k_dim(), c.v_dim());
+    let mut rng = Rng(11);
+    // `HEARTH_BENCH_KV=q8_0` (a comma list) to run some types only, e.g. one per callgrind run.
+    let types: Vec<KvType> = KvType::ALL
+        .into_iter()
+        .filter(|t| *t != KvType::F32)
+        .filter(|t| {
+            std::env::var("HEARTH_BENCH_KV").map_or(true, |v| v.split(',').any(|n| n == t.name()))
+        })
+        .collect();
+    let kvs: Vec<KvCache> = types
+        .iter()
+        .map(|&ty| {
+            let mut kv = KvCache::new(1, 1, depth + 64, kd, vd, ty);
+            let mut rng = Rng(5);
+            for p in 0..depth + 16 {
+                kv.store(0, 0, p, &rng.row(kd, 2.0), &rng.row(vd, 1.0));
+            }
+            kv
+        })
+        .collect();
+    let pool = ThreadPool::new(2);
+    for rows in [1usize, 16] {
+        let q = rng.row(rows * c.q_dim(), 1.0);
+        let pos: Vec<usize> = (0..rows).map(|i| depth + i).collect();
+        let (lo, seq) = (vec![0; rows], vec![0; rows]);
+        let r = AttnRows {
+            q: &q,
+            pos: &pos,
+            lo: &lo,
+            seq: &seq,
+            scale: 0.125,
+            softcap: None,
+        };
+        let mut out = vec![0f32; rows * c.n_head * c.head_dim_v];
+        let mut blocks = Vec::new();
+        let mut times = vec![Vec::new(); types.len()];
+        for _ in 0..iters {
+            for (i, kv) in kvs.iter().enumerate() {
+                let t = std::time::Instant::now();
+                attend(&pool, c, kv, 0, &r, &mut blocks, &mut out);
+                times[i].push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        for (ty, t) in types.iter().zip(&mut times) {
+            t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            println!(
+                "{} rows at depth {depth}, {ty:?} ({}): median {:.0} us, min {:.0} us",
+                rows,
+                hearth_quant::kernel_level(),
+                t[t.len() / 2],
+                t[0]
+            );
+        }
+    }
+}
