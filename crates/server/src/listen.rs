@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -64,6 +64,11 @@ impl Default for ConnConfig {
 /// pipes of render workers, the disk cache).
 const RESERVED_FDS: u64 = 64;
 
+/// `accept`'s "too many open files" errors (process and system limits; the same numbers on Linux,
+/// macOS and the BSDs).
+const EMFILE: i32 = 24;
+const ENFILE: i32 = 23;
+
 /// The process's soft limit on open files, where the platform says.
 pub fn fd_limit() -> Option<u64> {
     #[cfg(unix)]
@@ -106,6 +111,8 @@ struct ConnState {
     served: AtomicUsize,
     /// Asks the connection to close.
     close: Notify,
+    /// It has been asked to close (to make room) and will go soon: not a victim again.
+    closing: AtomicBool,
 }
 
 impl ConnState {
@@ -117,6 +124,7 @@ impl ConnState {
             head_started: AtomicU64::new(0),
             served: AtomicUsize::new(0),
             close: Notify::new(),
+            closing: AtomicBool::new(false),
         }
     }
 
@@ -264,12 +272,16 @@ impl Registry {
         let Ok(conns) = self.conns.lock() else {
             return false;
         };
+        // A connection asked to close before still holds its socket until its task runs; picking
+        // it again would let a burst of accepts pass the limit (and then run out of descriptors,
+        // with nothing left to evict until the header timeout).
         let victim = conns
             .values()
-            .filter(|c| c.is_idle())
+            .filter(|c| c.is_idle() && !c.closing.load(Ordering::Acquire))
             .max_by_key(|c| c.idle_for());
         match victim {
             Some(c) => {
+                c.closing.store(true, Ordering::Release);
                 c.close.notify_one();
                 true
             }
@@ -314,7 +326,11 @@ pub async fn serve(
         let sock = match accepted {
             Ok((sock, _peer)) => sock,
             Err(e) => {
-                // Out of descriptors (or another transient failure): back off instead of spinning.
+                // Out of descriptors (or another transient failure): make room if an idle
+                // connection can go, and back off instead of spinning.
+                if matches!(e.raw_os_error(), Some(EMFILE | ENFILE)) {
+                    registry.evict_idle();
+                }
                 if last_accept_error.elapsed() > Duration::from_secs(1) {
                     tracing::warn!("accept failed: {e}");
                     last_accept_error = Instant::now();
