@@ -7,12 +7,14 @@
 //! the scores of a query against a whole block are `head_dim` vector FMAs without horizontal sums.
 //!
 //! Each row attends to its own key range `[lo, pos]` (`lo` is 0 for causal attention over the whole
-//! context, `pos + 1 - window` in a sliding-window layer). Each (row, head) runs an online softmax
-//! over its range, block by block in blocks aligned at multiples of [`KEYS`], so a block's keys
-//! before `lo` are masked and the blocks before it are never loaded: a sliding window costs nothing
-//! outside it. An element's operations and their order depend only on that row's query, key range
-//! and cache: not on the other rows of the task, the batch, the chunking of a prefill, the thread
-//! count or the SIMD level. The arithmetic is f32 with fused multiply-adds (`mul_add`, exactly
+//! context, `pos + 1 - window` in a sliding-window layer). The range is cut at the multiples of
+//! [`CHUNK`]; each (row, head) runs an online softmax over each chunk, block by block in blocks
+//! aligned at multiples of [`KEYS`], so a block's keys before `lo` are masked and the blocks before
+//! it are never loaded: a sliding window costs nothing outside it. The chunks' states are merged
+//! in chunk order, by the task itself (prefill) or after all chunks of a long context ran as tasks
+//! of their own on every thread (decode at depth). An element's operations and their order depend
+//! only on that row's query, key range and cache: not on the other rows of the task, the batch,
+//! the chunking of a prefill, which tasks the chunks ran in, the thread count or the SIMD level. The arithmetic is f32 with fused multiply-adds (`mul_add`, exactly
 //! rounded on every target) and a polynomial `exp`, so the AVX-512, AVX2 and scalar builds of the
 //! block kernel agree bit for bit. As llama.cpp's flash attention, Q is rounded to the cache's type
 //! for the K·Q products when the cache holds f16.
@@ -50,7 +52,8 @@ struct TaskBufs {
     kt: Vec<f32>,    // [head_dim, KEYS] the block's keys, transposed
     vals: Vec<f32>,  // [KEYS, head_dim_v] the block's values
     q: Vec<f32>,     // [rows * heads, head_dim] queries (rounded to the cache type)
-    state: Vec<f32>, // [rows * heads, head_dim_v + 2] output accumulator, running max, running sum
+    state: Vec<f32>, // [rows * heads, head_dim_v + 2] a chunk's accumulator, running max, running sum
+    fold: Vec<f32>,  // [rows * heads, head_dim_v + 2] the chunks so far, merged
     q8: Vec<u8>,     // [rows * heads, q8_row_bytes(head_dim)] queries as Q8_0 (quantized cache)
     sc: Vec<f32>,    // [rows * heads, KEYS] a block's raw scores (quantized cache)
 }
@@ -102,213 +105,487 @@ impl Scale {
     }
 }
 
+/// Keys per chunk of the depth split (a multiple of [`KEYS`]). Every row's key range is cut at the
+/// multiples of `CHUNK`; each chunk gets its own online-softmax state, and the states are merged in
+/// chunk order. A task covers one chunk (decode at depth: the chunks of a long context run on all
+/// threads) or all of them, folding each into the running state as it finishes: the same merges in
+/// the same order, so the same bits either way.
+pub(crate) const CHUNK: usize = 4 * KEYS;
+
+/// Split contexts by chunk when the calls' rows and KV heads alone give fewer tasks than this many
+/// per thread.
+const SPLIT_BELOW_PER_THREAD: usize = 4;
+
+/// The chunk states of a split call are bounded by this many floats (64 MiB); past it the call
+/// runs unsplit, which computes the same bits.
+const MAX_PARTS: usize = 16 << 20;
+
+/// A run of consecutive rows of one sequence, at most [`ROWS_PER_TASK`].
+#[derive(Clone, Copy)]
+struct Run {
+    t0: u32,
+    t1: u32,
+    /// The first chunk any row of the run reads, and how many chunks from it the run spans.
+    c0: u32,
+    nc: u32,
+    /// Where the run's chunk states start in [`AttnScratch::parts`] (split calls).
+    part: usize,
+}
+
+/// One task: a run, a KV head, a share of its query heads, one chunk or all of them.
+#[derive(Clone, Copy)]
+struct Task {
+    run: u32,
+    kvh: u32,
+    share: u32,
+    /// `ALL`, or the chunk this task computes the state of.
+    chunk: u32,
+}
+
+const ALL: u32 = u32::MAX;
+
+/// Scratch of [`attend`], kept between calls.
+#[derive(Default)]
+pub(crate) struct AttnScratch {
+    runs: Vec<Run>,
+    tasks: Vec<Task>,
+    /// `[row, head, chunk, head_dim_v + 2]` per split run: each chunk's online-softmax state.
+    parts: Vec<f32>,
+}
+
 /// Attention of every row over its own key range `[lo, pos]` of its sequence's cache at layer `l`,
-/// written to `out` (`[n, n_head * head_dim_v]`). `blocks` is scratch for the task list.
+/// written to `out` (`[n, n_head * head_dim_v]`).
 pub(crate) fn attend(
     pool: &ThreadPool,
     c: &Config,
     kv: &KvCache,
     l: usize,
     r: &AttnRows,
-    blocks: &mut Vec<(u32, u32)>,
+    scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
     let n = r.pos.len();
     let (hd, hdv) = (c.head_dim, c.head_dim_v);
-    let (qd, od) = (c.q_dim(), c.n_head * hdv);
-    let (kd, vd) = (c.k_dim(), c.v_dim());
+    let od = c.n_head * hdv;
     let group = c.n_head / c.n_head_kv;
+    let sw = hdv + 2;
     assert!(hd <= MAX_HEAD_DIM && hdv <= MAX_HEAD_DIM);
+    debug_assert!((0..n).all(|t| r.lo[t] <= r.pos[t]));
     // Runs of consecutive rows of one sequence, cut every ROWS_PER_TASK rows.
-    blocks.clear();
+    let AttnScratch { runs, tasks, parts } = scratch;
+    runs.clear();
     let mut t = 0;
     while t < n {
         let mut e = t + 1;
         while e < n && r.seq[e] == r.seq[t] && e - t < ROWS_PER_TASK {
             e += 1;
         }
-        blocks.push((t as u32, e as u32));
+        let c0 = (t..e).map(|t| r.lo[t]).min().unwrap_or(0) / CHUNK;
+        let c1 = (t..e).map(|t| r.pos[t]).max().unwrap_or(0) / CHUNK;
+        runs.push(Run {
+            t0: t as u32,
+            t1: e as u32,
+            c0: c0 as u32,
+            nc: (c1 + 1 - c0) as u32,
+            part: 0,
+        });
         t = e;
     }
+    // Split by chunk when rows and KV heads give too few tasks, within the parts' bound.
+    let mut n_parts = 0;
+    for run in runs.iter_mut() {
+        run.part = n_parts;
+        n_parts += (run.t1 - run.t0) as usize * c.n_head * run.nc as usize * sw;
+    }
+    let threads = pool.n_threads();
+    let split_depth = runs.len() * c.n_head_kv < SPLIT_BELOW_PER_THREAD * threads
+        && runs.iter().any(|run| run.nc > 1)
+        && n_parts <= MAX_PARTS;
+    let per_kvh: usize = if split_depth {
+        runs.iter().map(|run| run.nc as usize).sum()
+    } else {
+        runs.len()
+    };
     // Split a KV head's query heads over tasks only when there would be fewer tasks than threads
     // otherwise, and no more than that needs: every task converts its KV head's keys and values.
     let mut split = 1;
-    while blocks.len() * c.n_head_kv * split < pool.n_threads() && split < group {
+    while per_kvh * c.n_head_kv * split < threads && split < group {
         split += 1;
         while !group.is_multiple_of(split) {
             split += 1;
         }
     }
     let hpt = group / split; // query heads per task
-    let n_tasks = blocks.len() * c.n_head_kv * split;
-    debug_assert!((0..n).all(|t| r.lo[t] <= r.pos[t]));
+    tasks.clear();
+    // Later runs of a prefill see more keys: hand them out first.
+    for (ri, run) in runs.iter().enumerate().rev() {
+        for k in 0..if split_depth { run.nc } else { 1 } {
+            let chunk = if split_depth { run.c0 + k } else { ALL };
+            for kvh in 0..c.n_head_kv {
+                for share in 0..split {
+                    tasks.push(Task {
+                        run: ri as u32,
+                        kvh: kvh as u32,
+                        share: share as u32,
+                        chunk,
+                    });
+                }
+            }
+        }
+    }
+    if split_depth {
+        grow(parts, n_parts);
+    }
     let scale = Scale::new(r.scale, r.softcap);
-    let blocks = &blocks[..];
-    let out = SharedMut::new(&mut out[..n * od]);
+    let (runs, tasks) = (&runs[..], &tasks[..]);
     let level = hearth_quant::kernel_level();
+    let geo = Geometry {
+        hd,
+        hdv,
+        kd: c.k_dim(),
+        vd: c.v_dim(),
+        n_head: c.n_head,
+        group,
+        hpt,
+    };
+    {
+        let out = SharedMut::new(&mut out[..n * od]);
+        let parts = SharedMut::new(&mut parts[..if split_depth { n_parts } else { 0 }]);
+        pool.run(tasks.len(), &|i| {
+            let task = tasks[i];
+            let run = runs[task.run as usize];
+            BUFS.with(|bufs| {
+                run_task(
+                    level,
+                    kv,
+                    l,
+                    r,
+                    &geo,
+                    scale,
+                    run,
+                    task,
+                    &mut bufs.borrow_mut(),
+                    &out,
+                    &parts,
+                )
+            });
+        });
+    }
+    if split_depth {
+        // Each (row, head): its chunks' states merged in chunk order.
+        let out = SharedMut::new(&mut out[..n * od]);
+        let parts = &parts[..n_parts];
+        pool.run(runs.len(), &|i| {
+            let run = runs[i];
+            let mut st = [0f32; MAX_HEAD_DIM + 2];
+            for t in run.t0 as usize..run.t1 as usize {
+                let (c_lo, c_hi) = (r.lo[t] / CHUNK, r.pos[t] / CHUNK);
+                for h in 0..c.n_head {
+                    let at = |ch: usize| {
+                        let row = t - run.t0 as usize;
+                        let off = run.part + ((row * c.n_head + h) * run.nc as usize + ch) * sw;
+                        &parts[off..off + sw]
+                    };
+                    let st = &mut st[..sw];
+                    st.copy_from_slice(at(c_lo - run.c0 as usize));
+                    for ch in c_lo + 1..=c_hi {
+                        merge(level, st, at(ch - run.c0 as usize));
+                    }
+                    // SAFETY: each (row, head) output slice is written by exactly one task.
+                    let o = unsafe { out.slice(t * od + h * hdv, hdv) };
+                    finish(st, o);
+                }
+            }
+        });
+    }
+}
+
+/// The shapes one attention call's tasks share.
+struct Geometry {
+    hd: usize,
+    hdv: usize,
+    kd: usize,
+    vd: usize,
+    n_head: usize,
+    group: usize,
+    /// Query heads per task.
+    hpt: usize,
+}
+
+/// `a` becomes the state of `a`'s keys and `b`'s together (both `[head_dim_v + 2]`, each with at
+/// least one key): the accumulators and sums rescaled to the larger maximum. The same operations
+/// at every kernel level (with the FMA instruction where the level has it, libm's exact `fmaf`
+/// otherwise), so the same bits.
+fn merge(level: Level, a: &mut [f32], b: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level != Level::Scalar {
+        // SAFETY: the AVX2 and AVX-512 levels imply FMA (hearth_quant checks the CPU).
+        return unsafe { merge_fma(a, b) };
+    }
+    let _ = level;
+    merge_body(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn merge_fma(a: &mut [f32], b: &[f32]) {
+    merge_body(a, b)
+}
+
+#[inline(always)]
+fn merge_body(a: &mut [f32], b: &[f32]) {
+    let hdv = a.len() - 2;
+    let m = a[hdv].max(b[hdv]);
+    let (fa, fb) = (exp(a[hdv] - m), exp(b[hdv] - m));
+    for e in 0..hdv {
+        a[e] = a[e].mul_add(fa, b[e] * fb);
+    }
+    a[hdv] = m;
+    a[hdv + 1] = a[hdv + 1].mul_add(fa, b[hdv + 1] * fb);
+}
+
+/// The attention output of a finished state: the accumulator over the sum.
+fn finish(st: &[f32], o: &mut [f32]) {
+    let hdv = o.len();
+    let inv = 1.0 / st[hdv + 1];
+    for (o, x) in o.iter_mut().zip(&st[..hdv]) {
+        *o = x * inv;
+    }
+}
+
+/// One task of [`attend`]: its rows' query heads over one chunk (writing the chunk states to
+/// `parts`) or over all chunks (folding them, and writing the output).
+#[allow(clippy::too_many_arguments)]
+fn run_task(
+    level: Level,
+    kv: &KvCache,
+    l: usize,
+    r: &AttnRows,
+    g: &Geometry,
+    scale: Scale,
+    run: Run,
+    task: Task,
+    bufs: &mut TaskBufs,
+    out: &SharedMut<f32>,
+    parts: &SharedMut<f32>,
+) {
+    let (hd, hdv, hpt) = (g.hd, g.hdv, g.hpt);
+    let (qd, od) = (g.n_head * hd, g.n_head * hdv);
+    let sw = hdv + 2;
+    let kvh = task.kvh as usize;
+    let h0 = kvh * g.group + task.share as usize * hpt;
+    let (t0, t1) = (run.t0 as usize, run.t1 as usize);
+    let s = r.seq[t0];
     let quant = kv.ty().quant();
     if quant.is_some() {
         assert!(hd.is_multiple_of(kv_quant::QK) && hdv.is_multiple_of(kv_quant::QK));
     }
     let q8b = kv_quant::q8_row_bytes(hd.next_multiple_of(kv_quant::QK));
-    pool.run(n_tasks, &|task| {
-        // Later blocks of a prefill see more keys: hand them out first.
-        let b = blocks.len() - 1 - task / (c.n_head_kv * split);
-        let kvh = task / split % c.n_head_kv;
-        let h0 = kvh * group + task % split * hpt;
-        let (t0, t1) = (blocks[b].0 as usize, blocks[b].1 as usize);
-        let s = r.seq[t0];
-        let max_len = (t0..t1).map(|t| r.pos[t] + 1).max().unwrap_or(0);
-        // The first block any row of the task reads, aligned so a row's blocks do not depend on
-        // the other rows.
-        let first = (t0..t1).map(|t| r.lo[t]).min().unwrap_or(0) / KEYS * KEYS;
-        BUFS.with(|bufs| {
-            let bufs = &mut *bufs.borrow_mut();
-            let nq = (t1 - t0) * hpt;
-            let sw = hdv + 2;
-            grow(&mut bufs.kt, hd * KEYS);
-            grow(&mut bufs.vals, KEYS * hdv);
-            grow(&mut bufs.q, nq * hd);
-            grow(&mut bufs.state, nq * sw);
+    let nq = (t1 - t0) * hpt;
+    grow(&mut bufs.kt, hd * KEYS);
+    grow(&mut bufs.vals, KEYS * hdv);
+    grow(&mut bufs.q, nq * hd);
+    grow(&mut bufs.state, nq * sw);
+    grow(&mut bufs.fold, nq * sw);
+    if quant.is_some() {
+        grow(&mut bufs.sc, nq * KEYS);
+        if bufs.q8.len() < nq * q8b {
+            bufs.q8.resize(nq * q8b, 0);
+        }
+    }
+    let TaskBufs {
+        kt,
+        vals,
+        q: qs,
+        state,
+        fold,
+        q8,
+        sc,
+    } = bufs;
+    for (i, t) in (t0..t1).enumerate() {
+        for j in 0..hpt {
+            let h = h0 + j;
+            let src = &r.q[t * qd + h * hd..t * qd + (h + 1) * hd];
+            let qi = i * hpt + j;
+            let dst = &mut qs[qi * hd..][..hd];
             if quant.is_some() {
-                grow(&mut bufs.sc, nq * KEYS);
-                if bufs.q8.len() < nq * q8b {
-                    bufs.q8.resize(nq * q8b, 0);
-                }
+                // llama.cpp: Q converted to K's vec_dot_type (Q8_0) by its from_float.
+                let q8 = &mut q8[qi * q8b..(qi + 1) * q8b];
+                kv_quant::store_row(level, KvQuant::Q8_0, src, q8);
+            } else if kv.ty() == KvType::F16 {
+                let mut h = [f16::ZERO; MAX_HEAD_DIM];
+                h[..hd].convert_from_f32_slice(src);
+                h[..hd].convert_to_f32_slice(dst);
+            } else {
+                dst.copy_from_slice(src);
             }
-            let TaskBufs {
-                kt,
-                vals,
-                q: qs,
-                state,
-                q8,
-                sc,
-            } = bufs;
-            for (i, t) in (t0..t1).enumerate() {
-                for j in 0..hpt {
-                    let h = h0 + j;
-                    let src = &r.q[t * qd + h * hd..t * qd + (h + 1) * hd];
-                    let qi = i * hpt + j;
-                    let dst = &mut qs[qi * hd..][..hd];
-                    if quant.is_some() {
-                        // llama.cpp: Q converted to K's vec_dot_type (Q8_0) by its from_float.
-                        let q8 = &mut q8[qi * q8b..(qi + 1) * q8b];
-                        kv_quant::store_row(level, KvQuant::Q8_0, src, q8);
-                    } else if kv.ty() == KvType::F16 {
-                        let mut h = [f16::ZERO; MAX_HEAD_DIM];
-                        h[..hd].convert_from_f32_slice(src);
-                        h[..hd].convert_to_f32_slice(dst);
-                    } else {
-                        dst.copy_from_slice(src);
-                    }
-                    let st = &mut state[(i * hpt + j) * sw..][..sw];
+        }
+    }
+    let max_len = (t0..t1).map(|t| r.pos[t] + 1).max().unwrap_or(0);
+    let first = (t0..t1).map(|t| r.lo[t]).min().unwrap_or(0);
+    let chunks = if task.chunk == ALL {
+        run.c0 as usize..(run.c0 + run.nc) as usize
+    } else {
+        task.chunk as usize..task.chunk as usize + 1
+    };
+    for ch in chunks {
+        // Rows live in this chunk start a fresh state.
+        let live = |t: usize| r.lo[t] / CHUNK <= ch && ch <= r.pos[t] / CHUNK;
+        for (i, t) in (t0..t1).enumerate() {
+            if live(t) {
+                for st in state[i * hpt * sw..(i + 1) * hpt * sw].chunks_exact_mut(sw) {
                     st.fill(0.0);
                     st[hdv] = f32::NEG_INFINITY;
                 }
             }
-            for k0 in (first..max_len).step_by(KEYS) {
-                let kn = KEYS.min(max_len - k0);
-                // One attention block is one pool block: its rows start at the block's first row.
-                let (keys, values) = kv.block_rows(s, l, k0 / KEYS);
-                if let (
-                    Rows::Quant {
-                        ty,
-                        data: kb,
-                        stride: ks,
-                    },
-                    Rows::Quant {
-                        data: vb,
-                        stride: vs,
-                        ..
-                    },
-                ) = (&keys, &values)
-                {
-                    // The task's queries against the block's rows of this KV head, all at once.
-                    let keys = KeyRows::head(*ty, kb, *ks, hd, kvh, kn);
-                    kv_quant::scores(level, hd, &keys, q8, nq, &mut sc[..nq * KEYS]);
-                    let vrows = KeyRows::head(*ty, vb, *vs, hdv, kvh, kn);
-                    kv_quant::values(level, hdv, &vrows, &mut vals[..kn * hdv]);
-                } else {
-                    let at = KvAt {
-                        k0: 0,
-                        kn,
-                        kd,
-                        vd,
-                        kvh,
-                    };
-                    load_block(
-                        level,
-                        &keys,
-                        &values,
-                        &at,
-                        &mut kt[..hd * KEYS],
-                        vals,
-                        hd,
-                        hdv,
-                    );
-                }
-                for (i, t) in (t0..t1).enumerate() {
-                    let (len, lo) = (r.pos[t] + 1, r.lo[t]);
-                    if len <= k0 || lo >= k0 + KEYS {
-                        continue;
-                    }
-                    // The row's live keys of the block: `ks..kc`.
-                    let (ks, kc) = (lo.saturating_sub(k0), KEYS.min(len - k0));
-                    // The row's query heads four at a time (same keys `ks..kc`), then one by one.
-                    let mut j = 0;
-                    while j < hpt {
-                        let qi = i * hpt + j;
-                        let (kt, vals) = (&kt[..hd * KEYS], &vals[..kc * hdv]);
-                        let scores = |n: usize| -> &[f32; KEYS] {
-                            sc[(qi + n) * KEYS..(qi + n + 1) * KEYS]
-                                .try_into()
-                                .expect("KEYS scores")
-                        };
-                        if j + 4 <= hpt {
-                            let src = if quant.is_some() {
-                                Scores::Given(std::array::from_fn(scores))
-                            } else {
-                                Scores::Keys {
-                                    kt,
-                                    q: std::array::from_fn(|n| {
-                                        &qs[(qi + n) * hd..(qi + n + 1) * hd]
-                                    }),
-                                }
-                            };
-                            let mut st = state[qi * sw..(qi + 4) * sw].chunks_exact_mut(sw);
-                            let st: [&mut [f32]; 4] =
-                                std::array::from_fn(|_| st.next().expect("4 states"));
-                            block_n::<4>(level, src, vals, ks..kc, scale, st);
-                            j += 4;
-                        } else {
-                            let src = if quant.is_some() {
-                                Scores::Given([scores(0)])
-                            } else {
-                                Scores::Keys {
-                                    kt,
-                                    q: [&qs[qi * hd..(qi + 1) * hd]],
-                                }
-                            };
-                            let st = &mut state[qi * sw..(qi + 1) * sw];
-                            block_n::<1>(level, src, vals, ks..kc, scale, [st]);
-                            j += 1;
-                        }
-                    }
-                }
+        }
+        // The chunk's blocks that any row reads, aligned so a row's blocks do not depend on the
+        // other rows.
+        let k_from = (ch * CHUNK).max(first / KEYS * KEYS);
+        let k_to = ((ch + 1) * CHUNK).min(max_len);
+        for k0 in (k_from..k_to).step_by(KEYS) {
+            let kn = KEYS.min(max_len - k0);
+            // One attention block is one pool block: its rows start at the block's first row.
+            let (keys, values) = kv.block_rows(s, l, k0 / KEYS);
+            if let (
+                Rows::Quant {
+                    ty,
+                    data: kb,
+                    stride: ks,
+                },
+                Rows::Quant {
+                    data: vb,
+                    stride: vs,
+                    ..
+                },
+            ) = (&keys, &values)
+            {
+                // The task's queries against the block's rows of this KV head, all at once.
+                let keys = KeyRows::head(*ty, kb, *ks, hd, kvh, kn);
+                kv_quant::scores(level, hd, &keys, q8, nq, &mut sc[..nq * KEYS]);
+                let vrows = KeyRows::head(*ty, vb, *vs, hdv, kvh, kn);
+                kv_quant::values(level, hdv, &vrows, &mut vals[..kn * hdv]);
+            } else {
+                let at = KvAt {
+                    k0: 0,
+                    kn,
+                    kd: g.kd,
+                    vd: g.vd,
+                    kvh,
+                };
+                load_block(
+                    level,
+                    &keys,
+                    &values,
+                    &at,
+                    &mut kt[..hd * KEYS],
+                    vals,
+                    hd,
+                    hdv,
+                );
             }
             for (i, t) in (t0..t1).enumerate() {
-                for j in 0..hpt {
-                    let st = &state[(i * hpt + j) * sw..][..sw];
-                    let inv = 1.0 / st[hdv + 1];
-                    // SAFETY: each (row, head) output slice is written by exactly one task.
-                    let o = unsafe { out.slice(t * od + (h0 + j) * hdv, hdv) };
-                    for (o, x) in o.iter_mut().zip(&st[..hdv]) {
-                        *o = x * inv;
-                    }
+                let (len, lo) = (r.pos[t] + 1, r.lo[t]);
+                if len <= k0 || lo >= k0 + KEYS {
+                    continue;
+                }
+                // The row's live keys of the block: `ks..kc`.
+                let (ks, kc) = (lo.saturating_sub(k0), KEYS.min(len - k0));
+                // The row's query heads up to four at a time (same keys `ks..kc`).
+                let mut j = 0;
+                while j < hpt {
+                    let qi = i * hpt + j;
+                    let src = Src {
+                        kt: &kt[..hd * KEYS],
+                        q: qs,
+                        sc: quant.is_some().then_some(&sc[..]),
+                        hd,
+                        qi,
+                    };
+                    let (vals, st) = (&vals[..kc * hdv], &mut state[qi * sw..]);
+                    j += match hpt - j {
+                        1 => heads::<1>(level, &src, vals, ks..kc, scale, st, sw),
+                        2 => heads::<2>(level, &src, vals, ks..kc, scale, st, sw),
+                        3 => heads::<3>(level, &src, vals, ks..kc, scale, st, sw),
+                        _ => heads::<4>(level, &src, vals, ks..kc, scale, st, sw),
+                    };
                 }
             }
-        });
-    });
+        }
+        for (i, t) in (t0..t1).enumerate() {
+            if !live(t) {
+                continue;
+            }
+            for j in 0..hpt {
+                let qi = i * hpt + j;
+                let st = &state[qi * sw..(qi + 1) * sw];
+                if task.chunk == ALL {
+                    let f = &mut fold[qi * sw..(qi + 1) * sw];
+                    if ch == r.lo[t] / CHUNK {
+                        f.copy_from_slice(st);
+                    } else {
+                        merge(level, f, st);
+                    }
+                } else {
+                    let row = t - t0;
+                    let at =
+                        ((row * g.n_head + h0 + j) * run.nc as usize + ch - run.c0 as usize) * sw;
+                    // SAFETY: each (row, head, chunk) state is written by exactly one task.
+                    unsafe { parts.slice(run.part + at, sw) }.copy_from_slice(st);
+                }
+            }
+        }
+    }
+    if task.chunk == ALL {
+        for (i, t) in (t0..t1).enumerate() {
+            for j in 0..hpt {
+                let st = &fold[(i * hpt + j) * sw..][..sw];
+                // SAFETY: each (row, head) output slice is written by exactly one task.
+                let o = unsafe { out.slice(t * od + (h0 + j) * hdv, hdv) };
+                finish(st, o);
+            }
+        }
+    }
+}
+
+/// The queries of a task and where their scores come from: query `qi` (and the next ones) of
+/// `q` (`[nq, hd]`) against the transposed keys `kt`, or the quantized path's scores `sc`
+/// (`[nq, KEYS]`).
+struct Src<'a> {
+    kt: &'a [f32],
+    q: &'a [f32],
+    sc: Option<&'a [f32]>,
+    hd: usize,
+    qi: usize,
+}
+
+/// [`block_n`] for the `N` query heads from `src.qi` on (their states from `state`, `sw` floats
+/// each); returns `N`.
+fn heads<const N: usize>(
+    level: Level,
+    src: &Src,
+    vals: &[f32],
+    live: Range<usize>,
+    scale: Scale,
+    state: &mut [f32],
+    sw: usize,
+) -> usize {
+    let (qi, hd) = (src.qi, src.hd);
+    let scores = match src.sc {
+        Some(sc) => Scores::Given(std::array::from_fn(|n| {
+            sc[(qi + n) * KEYS..(qi + n + 1) * KEYS]
+                .try_into()
+                .expect("KEYS scores")
+        })),
+        None => Scores::Keys {
+            kt: src.kt,
+            q: std::array::from_fn(|n| &src.q[(qi + n) * hd..(qi + n + 1) * hd]),
+        },
+    };
+    let mut st = state[..N * sw].chunks_exact_mut(sw);
+    let st: [&mut [f32]; N] = std::array::from_fn(|_| st.next().expect("N states"));
+    block_n::<N>(level, scores, vals, live, scale, st);
+    N
 }
 
 /// Where a block of keys and values sits in a layer's cache: positions `k0..k0 + kn`, row widths
@@ -586,7 +863,7 @@ fn block_n<const N: usize>(
         }
     }
     let _ = level;
-    block_body::<N, ScalarSoft>(src, vals, live, scale, state)
+    block_body::<N, ScalarSoft, KEYS, OUT_CHUNK>(src, vals, live, scale, state)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -598,7 +875,7 @@ unsafe fn block_avx512<const N: usize>(
     scale: Scale,
     state: [&mut [f32]; N],
 ) {
-    block_body::<N, Avx512Soft>(src, vals, live, scale, state)
+    block_body::<N, Avx512Soft, KEYS, OUT_CHUNK>(src, vals, live, scale, state)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -610,7 +887,9 @@ unsafe fn block_avx2<const N: usize>(
     scale: Scale,
     state: [&mut [f32]; N],
 ) {
-    block_body::<N, ScalarSoft>(src, vals, live, scale, state)
+    // 16 ymm registers: 16 keys and 16 outputs of 4 queries (8 accumulators) at a time; 64 of
+    // each, as on AVX-512, spilled the accumulators to the stack on every FMA.
+    block_body::<N, Avx2Soft, 16, 16>(src, vals, live, scale, state)
 }
 
 /// A block's softmax steps, per kernel level; every level gives the same bits (the scalar code's
@@ -709,6 +988,123 @@ impl Soft for Avx512Soft {
     }
 }
 
+/// AVX2: 8 keys per register, the lanes of [`Avx512Soft`] (masks as blends).
+#[cfg(target_arch = "x86_64")]
+struct Avx2Soft;
+
+#[cfg(target_arch = "x86_64")]
+impl Soft for Avx2Soft {
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn scale_max(s: &mut [f32; KEYS], ks: usize, kc: usize, sc: Scale) -> f32 {
+        use std::arch::x86_64::*;
+        let (capped, cap) = (sc.cap != 0.0, _mm256_set1_ps(sc.cap));
+        let sc = _mm256_set1_ps(sc.scale);
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mut mx = _mm256_set1_ps(f32::NEG_INFINITY);
+        for c in 0..KEYS / 8 {
+            // Lanes `ks..kc` of this chunk of 8.
+            let (lo, hi) = (
+                ks.saturating_sub(8 * c).min(8),
+                kc.saturating_sub(8 * c).min(8),
+            );
+            if hi == 0 {
+                break;
+            }
+            if lo == hi {
+                continue;
+            }
+            // lo <= lane < hi
+            let mask = _mm256_castsi256_ps(_mm256_andnot_si256(
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(lo as i32), lane),
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(hi as i32), lane),
+            ));
+            let ptr = s.as_mut_ptr().add(8 * c);
+            let old = _mm256_loadu_ps(ptr);
+            let mut v = _mm256_mul_ps(old, sc);
+            if capped {
+                v = _mm256_mul_ps(cap, tanh8(v));
+            }
+            _mm256_storeu_ps(ptr, _mm256_blendv_ps(old, v, mask));
+            mx = _mm256_blendv_ps(mx, _mm256_max_ps(mx, v), mask);
+        }
+        // The maximum of the 8 lanes (order-free).
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps::<1>(mx));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let m1 = _mm_max_ss(m2, _mm_shuffle_ps::<0x55>(m2, m2));
+        _mm_cvtss_f32(m1)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn exp_shifted(s: &[f32; KEYS], m: f32, p: &mut [f32; KEYS]) {
+        use std::arch::x86_64::*;
+        let mv = _mm256_set1_ps(m);
+        for c in 0..KEYS / 8 {
+            let x = _mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(8 * c)), mv);
+            _mm256_storeu_ps(p.as_mut_ptr().add(8 * c), exp8(x));
+        }
+    }
+}
+
+/// [`exp`] in each of 8 lanes: [`exp16`]'s operations.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const MAGIC: f32 = 12_582_912.0;
+    let lo = _mm256_set1_ps(-87.3);
+    let xc = _mm256_min_ps(_mm256_set1_ps(88.0), _mm256_max_ps(lo, x));
+    let magic = _mm256_set1_ps(MAGIC);
+    let shifted = _mm256_fmadd_ps(xc, _mm256_set1_ps(LOG2E), magic);
+    let n = _mm256_sub_ps(shifted, magic);
+    let ni = _mm256_sub_epi32(
+        _mm256_castps_si256(shifted),
+        _mm256_set1_epi32(MAGIC.to_bits() as i32),
+    );
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), xc);
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+    let mut y = _mm256_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ] {
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+    }
+    y = _mm256_fmadd_ps(
+        y,
+        _mm256_mul_ps(r, r),
+        _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+    );
+    let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+        ni,
+        _mm256_set1_epi32(127),
+    )));
+    let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo);
+    _mm256_andnot_ps(under, _mm256_mul_ps(y, pow2))
+}
+
+/// [`tanh`] in each of 8 lanes, the same operations in the same order.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tanh8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let one = _mm256_set1_ps(1.0);
+    let e = exp8(_mm256_mul_ps(_mm256_set1_ps(2.0), x));
+    _mm256_sub_ps(
+        one,
+        _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one)),
+    )
+}
+
 /// [`exp`] in each lane, the same operations in the same order (so the same bits, NaN included:
 /// `vmaxps` / `vminps` return their second operand when either is NaN, as `clamp` returns NaN).
 #[cfg(target_arch = "x86_64")]
@@ -768,11 +1164,14 @@ unsafe fn tanh16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     )
 }
 
-/// Output elements accumulated in registers at a time.
+/// Output elements accumulated in registers at a time (AVX-512 and scalar).
 const OUT_CHUNK: usize = 64;
 
+/// The block kernel: `KS` key lanes of the scores and `OC` output elements are kept in registers
+/// at a time (sized to the level's register file). Neither changes any element's operations or
+/// their order, only which elements are computed together.
 #[inline(always)]
-fn block_body<const N: usize, S: Soft>(
+fn block_body<const N: usize, S: Soft, const KS: usize, const OC: usize>(
     src: Scores<N>,
     vals: &[f32],
     live: Range<usize>,
@@ -788,14 +1187,22 @@ fn block_body<const N: usize, S: Soft>(
         Scores::Keys { kt, q } => {
             let hd = q[0].len();
             assert!(kt.len() == hd * KEYS && q.iter().all(|q| q.len() == hd));
-            // For each key lane, one FMA chain over the head dimension in order.
-            for d in 0..hd {
-                let col: &[f32; KEYS] = kt[d * KEYS..(d + 1) * KEYS].try_into().expect("KEYS wide");
-                for n in 0..N {
-                    let qd = q[n][d];
-                    for k in 0..KEYS {
-                        s[n][k] = qd.mul_add(col[k], s[n][k]);
+            // For each key lane, one FMA chain over the head dimension in order; the groups of
+            // `KS` lanes with no live key are skipped (their scores are never read).
+            for kb in (ks / KS * KS..kc).step_by(KS) {
+                // A local array the compiler keeps in registers through the chain.
+                let mut acc = [[0f32; KS]; N];
+                for d in 0..hd {
+                    let col: &[f32; KS] = kt[d * KEYS + kb..][..KS].try_into().expect("KS wide");
+                    for n in 0..N {
+                        let qd = q[n][d];
+                        for k in 0..KS {
+                            acc[n][k] = qd.mul_add(col[k], acc[n][k]);
+                        }
                     }
+                }
+                for n in 0..N {
+                    s[n][kb..kb + KS].copy_from_slice(&acc[n]);
                 }
             }
         }
@@ -816,39 +1223,51 @@ fn block_body<const N: usize, S: Soft>(
         alpha[n] = exp(m - m_new);
         // SAFETY: as above.
         unsafe { S::exp_shifted(&s[n], m_new, &mut p[n]) };
-        let mut sum = sum * alpha[n];
-        for &x in &p[n][ks..kc] {
-            sum += x;
+        // The block's sum: 16 lanes over the key chunks in order (keys outside `ks..kc` add
+        // nothing), then halved pairwise; a serial sum over the keys was one add latency per key.
+        let mut lanes = [0f32; 16];
+        for c in 0..KEYS / 16 {
+            for (j, l) in lanes.iter_mut().enumerate() {
+                let k = 16 * c + j;
+                *l += if ks <= k && k < kc { p[n][k] } else { 0.0 };
+            }
+        }
+        let mut w = 16;
+        while w > 1 {
+            w /= 2;
+            for j in 0..w {
+                lanes[j] += lanes[j + w];
+            }
         }
         let st = &mut *state[n];
         st[hdv] = m_new;
-        st[hdv + 1] = sum;
+        st[hdv + 1] = sum.mul_add(alpha[n], lanes[0]);
     }
     // o = o * alpha + Σ_k p_k v_k, each element's chain over the keys in order.
     let mut e0 = 0;
-    while e0 + OUT_CHUNK <= hdv {
-        let mut acc = [[0f32; OUT_CHUNK]; N];
+    while e0 + OC <= hdv {
+        let mut acc = [[0f32; OC]; N];
         for n in 0..N {
-            acc[n].copy_from_slice(&state[n][e0..e0 + OUT_CHUNK]);
+            acc[n].copy_from_slice(&state[n][e0..e0 + OC]);
             for x in &mut acc[n] {
                 *x *= alpha[n];
             }
         }
         for k in ks..kc {
-            let v: &[f32; OUT_CHUNK] = vals[k * hdv + e0..k * hdv + e0 + OUT_CHUNK]
+            let v: &[f32; OC] = vals[k * hdv + e0..k * hdv + e0 + OC]
                 .try_into()
                 .expect("chunk");
             for n in 0..N {
                 let pk = p[n][k];
-                for i in 0..OUT_CHUNK {
+                for i in 0..OC {
                     acc[n][i] = pk.mul_add(v[i], acc[n][i]);
                 }
             }
         }
         for n in 0..N {
-            state[n][e0..e0 + OUT_CHUNK].copy_from_slice(&acc[n]);
+            state[n][e0..e0 + OC].copy_from_slice(&acc[n]);
         }
-        e0 += OUT_CHUNK;
+        e0 += OC;
     }
     for n in 0..N {
         for e in e0..hdv {
@@ -918,8 +1337,20 @@ mod tests {
                     .map(|q| {
                         let mut st = fresh();
                         let src = Scores::Keys { kt: &kt, q: [q] };
-                        block_body::<1, ScalarSoft>(src, vals, ks..kc, sc, [&mut st]);
-                        block_body::<1, ScalarSoft>(src, vals, ks..kc, sc, [&mut st]);
+                        block_body::<1, ScalarSoft, KEYS, OUT_CHUNK>(
+                            src,
+                            vals,
+                            ks..kc,
+                            sc,
+                            [&mut st],
+                        );
+                        block_body::<1, ScalarSoft, KEYS, OUT_CHUNK>(
+                            src,
+                            vals,
+                            ks..kc,
+                            sc,
+                            [&mut st],
+                        );
                         st
                     })
                     .collect();
@@ -956,6 +1387,28 @@ mod tests {
                             bits(&want[n]),
                             "level {level}, {sc:?}, keys {ks}..{kc}, {n}"
                         );
+                    }
+                    // Three and two at once (GQA groups of 3, 6, ...), as the task loop runs them.
+                    let src = Src {
+                        kt: &kt,
+                        q: &qs.concat(),
+                        sc: None,
+                        hd,
+                        qi: 0,
+                    };
+                    for m in [2, 3] {
+                        let mut st = vec![0f32; 4 * (hdv + 2)];
+                        for s in st.chunks_exact_mut(hdv + 2) {
+                            s[hdv] = f32::NEG_INFINITY;
+                        }
+                        for _ in 0..2 {
+                            let f = if m == 2 { heads::<2> } else { heads::<3> };
+                            assert_eq!(f(level, &src, vals, ks..kc, sc, &mut st, hdv + 2), m);
+                        }
+                        for n in 0..m {
+                            let got = &st[n * (hdv + 2)..(n + 1) * (hdv + 2)];
+                            assert_eq!(bits(got), bits(&want[n]), "{m} at once, level {level}");
+                        }
                     }
                 }
             }

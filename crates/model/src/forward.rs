@@ -7,7 +7,7 @@
 
 use hearth_quant::{dequantize_row, vec_dot_type};
 
-use crate::attention::{attend, AttnRows};
+use crate::attention::{attend, AttnRows, AttnScratch};
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
 use crate::kv_rotate::{fwht, Rotation};
@@ -69,7 +69,7 @@ pub struct Scratch {
     acts: QuantActs,
     tok_acts: QuantActs, // [T] the batch rows quantized once, gathered into `acts` per expert pair
     out_rows: Vec<usize>, // [T] batch rows whose logits are wanted
-    attn_blocks: Vec<(u32, u32)>, // attention tasks' row ranges
+    attn_scratch: AttnScratch, // attention's task lists and chunk states
     logits: Vec<f32>,    // [T, n_vocab]
 }
 
@@ -113,7 +113,7 @@ impl Scratch {
             acts: QuantActs::with_capacity(t * k, widest),
             tok_acts: QuantActs::with_capacity(if n_expert > 0 { t } else { 0 }, widest),
             out_rows: Vec::with_capacity(t),
-            attn_blocks: Vec::with_capacity(t),
+            attn_scratch: AttnScratch::default(),
             logits: vec![0.0; t * c.n_vocab],
         }
     }
@@ -425,7 +425,7 @@ impl Model {
             scale: lc.attn_scale,
             softcap: lc.attn_softcap,
         };
-        attend(pool, c, kv, l, &rows, &mut s.attn_blocks, &mut s.attn);
+        attend(pool, c, kv, l, &rows, &mut s.attn_scratch, &mut s.attn);
         let od = c.n_head * c.head_dim_v;
         emit(tap, "kqv_out", l, &s.attn, n, od);
         if let Some(chunk) = rot.v {

@@ -42,13 +42,27 @@ fn run_wanting(
     kv_type: KvType,
     wanted: impl Fn(usize) -> bool,
 ) -> Vec<Vec<Vec<f32>>> {
+    let seqs = prompts(model.config.n_vocab as u32);
+    run_prompts(model, &seqs, threads, chunk, together, kv_type, wanted)
+}
+
+/// [`run_wanting`] on the given prompts.
+fn run_prompts(
+    model: &Model,
+    seqs: &[Vec<u32>],
+    threads: usize,
+    chunk: usize,
+    together: bool,
+    kv_type: KvType,
+    wanted: impl Fn(usize) -> bool,
+) -> Vec<Vec<Vec<f32>>> {
     let c = &model.config;
-    let seqs = prompts(c.n_vocab as u32);
     let pool = ThreadPool::new(threads);
-    let mut kv = KvCache::new(seqs.len(), c.n_layer, 64, c.k_dim(), c.v_dim(), kv_type);
-    let mut scratch = Scratch::new(model, 64);
-    let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::new(); seqs.len()];
     let longest = seqs.iter().map(Vec::len).max().unwrap();
+    let n_ctx = longest.next_multiple_of(64);
+    let mut kv = KvCache::new(seqs.len(), c.n_layer, n_ctx, c.k_dim(), c.v_dim(), kv_type);
+    let mut scratch = Scratch::new(model, (chunk * seqs.len()).max(64));
+    let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::new(); seqs.len()];
     for start in (0..longest).step_by(chunk) {
         let groups: Vec<Vec<usize>> = if together {
             vec![(0..seqs.len()).collect()]
@@ -88,6 +102,38 @@ fn run_wanting(
 
 fn assert_invariant(name: &str) {
     assert_model_invariant(name, &fixture(name));
+}
+
+/// Past one chunk of attention's depth split (256 keys): decode steps split a row's context over
+/// tasks chunk by chunk and merge the chunks' states afterwards, prefill tasks fold them as they
+/// go; the logits are the same bits whichever ran, with any thread count and batch mix.
+fn assert_depth_invariant(name: &str, model: &Model) {
+    let n_vocab = model.config.n_vocab as u32;
+    let seqs: Vec<Vec<u32>> = vec![
+        (0..600).map(|i| (i * 7 + 3) % n_vocab).collect(),
+        (0..300).map(|i| (i * 13 + 100) % n_vocab).collect(),
+    ];
+    // The positions past the first chunk, where the formulations could differ.
+    let late = |p: usize| p >= 250 && p.is_multiple_of(7);
+    for kv_type in [KvType::F16, KvType::Q8_0] {
+        let reference = run_prompts(model, &seqs, 1, 64, false, kv_type, late);
+        for (threads, chunk, together) in [(2, 1, false), (2, 1, true), (3, 64, true), (1, 9, true)]
+        {
+            let got = run_prompts(model, &seqs, threads, chunk, together, kv_type, late);
+            assert!(
+                got == reference,
+                "{name}: logits at depth differ with {threads} threads, chunks of {chunk}, \
+                 batched together: {together}, {kv_type:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn attention_depth_split_is_invariant() {
+    for name in ["tiny-qwen3moe.q4_k_m.gguf", "tiny-llama3.q4_k_m.gguf"] {
+        assert_depth_invariant(name, &fixture(name));
+    }
 }
 
 fn assert_model_invariant(name: &str, model: &Model) {

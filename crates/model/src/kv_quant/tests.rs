@@ -321,7 +321,7 @@ fn stores_match_llama_cpp_cpu_quantizers() {
 #[test]
 #[ignore]
 fn bench_attention_at_depth() {
-    use crate::attention::{attend, AttnRows};
+    use crate::attention::{attend, AttnRows, AttnScratch};
     use crate::{Config, KvCache, KvType, ThreadPool};
     let path = std::env::var("HEARTH_SMOLLM2").unwrap_or_else(|_| {
         format!(
@@ -368,7 +368,7 @@ fn bench_attention_at_depth() {
             softcap: None,
         };
         let mut out = vec![0f32; rows * c.n_head * c.head_dim_v];
-        let mut blocks = Vec::new();
+        let mut blocks = AttnScratch::default();
         let mut times = vec![Vec::new(); types.len()];
         for _ in 0..iters {
             for (i, kv) in kvs.iter().enumerate() {
