@@ -484,32 +484,44 @@ fn run_task(
                     hdv,
                 );
             }
-            for (i, t) in (t0..t1).enumerate() {
+            // Each row's live keys of the block, `ks..kc` (none: `kc == 0`).
+            let live_keys = |t: usize| {
                 let (len, lo) = (r.pos[t] + 1, r.lo[t]);
                 if len <= k0 || lo >= k0 + KEYS {
-                    continue;
+                    (0, 0)
+                } else {
+                    (lo.saturating_sub(k0), KEYS.min(len - k0))
                 }
-                // The row's live keys of the block: `ks..kc`.
-                let (ks, kc) = (lo.saturating_sub(k0), KEYS.min(len - k0));
-                // The row's query heads up to four at a time (same keys `ks..kc`).
-                let mut j = 0;
-                while j < hpt {
-                    let qi = i * hpt + j;
-                    let src = Src {
-                        kt: &kt[..hd * KEYS],
-                        q: qs,
-                        sc: quant.is_some().then_some(&sc[..]),
-                        hd,
-                        qi,
-                    };
-                    let (vals, st) = (&vals[..kc * hdv], &mut state[qi * sw..]);
-                    j += match hpt - j {
-                        1 => heads::<1>(level, &src, vals, ks..kc, scale, st, sw),
-                        2 => heads::<2>(level, &src, vals, ks..kc, scale, st, sw),
-                        3 => heads::<3>(level, &src, vals, ks..kc, scale, st, sw),
-                        _ => heads::<4>(level, &src, vals, ks..kc, scale, st, sw),
-                    };
+            };
+            // Consecutive rows with the same live keys (all rows but the diagonal's in a
+            // prefill) have consecutive queries: up to four at a time across their heads.
+            let mut i = 0;
+            while i < t1 - t0 {
+                let (ks, kc) = live_keys(t0 + i);
+                let mut e = i + 1;
+                while e < t1 - t0 && live_keys(t0 + e) == (ks, kc) {
+                    e += 1;
                 }
+                if kc > 0 {
+                    let mut qi = i * hpt;
+                    while qi < e * hpt {
+                        let src = Src {
+                            kt: &kt[..hd * KEYS],
+                            q: qs,
+                            sc: quant.is_some().then_some(&sc[..]),
+                            hd,
+                            qi,
+                        };
+                        let (vals, st) = (&vals[..kc * hdv], &mut state[qi * sw..]);
+                        qi += match e * hpt - qi {
+                            1 => heads::<1>(level, &src, vals, ks..kc, scale, st, sw),
+                            2 => heads::<2>(level, &src, vals, ks..kc, scale, st, sw),
+                            3 => heads::<3>(level, &src, vals, ks..kc, scale, st, sw),
+                            _ => heads::<4>(level, &src, vals, ks..kc, scale, st, sw),
+                        };
+                    }
+                }
+                i = e;
             }
         }
         for (i, t) in (t0..t1).enumerate() {
@@ -1225,11 +1237,12 @@ fn block_body<const N: usize, S: Soft, const KS: usize, const OC: usize>(
         unsafe { S::exp_shifted(&s[n], m_new, &mut p[n]) };
         // The block's sum: 16 lanes over the key chunks in order (keys outside `ks..kc` add
         // nothing), then halved pairwise; a serial sum over the keys was one add latency per key.
+        p[n][..ks].fill(0.0);
+        p[n][kc..].fill(0.0);
         let mut lanes = [0f32; 16];
         for c in 0..KEYS / 16 {
-            for (j, l) in lanes.iter_mut().enumerate() {
-                let k = 16 * c + j;
-                *l += if ks <= k && k < kc { p[n][k] } else { 0.0 };
+            for (l, x) in lanes.iter_mut().zip(&p[n][16 * c..16 * c + 16]) {
+                *l += x;
             }
         }
         let mut w = 16;
