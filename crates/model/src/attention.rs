@@ -14,10 +14,11 @@
 //! in chunk order, by the task itself (prefill) or after all chunks of a long context ran as tasks
 //! of their own on every thread (decode at depth). An element's operations and their order depend
 //! only on that row's query, key range and cache: not on the other rows of the task, the batch,
-//! the chunking of a prefill, which tasks the chunks ran in, the thread count or the SIMD level. The arithmetic is f32 with fused multiply-adds (`mul_add`, exactly
-//! rounded on every target) and a polynomial `exp`, so the AVX-512, AVX2 and scalar builds of the
-//! block kernel agree bit for bit. As llama.cpp's flash attention, Q is rounded to the cache's type
-//! for the K·Q products when the cache holds f16.
+//! the chunking of a prefill, which tasks the chunks ran in, the thread count or the SIMD level.
+//! The arithmetic is f32 with fused multiply-adds (`mul_add`, exactly rounded on every target) and
+//! a polynomial `exp`, so the AVX-512, AVX2 and scalar builds of the block kernel agree bit for
+//! bit. As llama.cpp's flash attention, Q is rounded to the cache's type for the K·Q products when
+//! the cache holds f16.
 //!
 //! A quantized cache (q8_0, q4_0) takes the same path with the raw scores from
 //! [`crate::kv_quant`]: each query quantized to Q8_0 once per task, a block's scores for all of the
@@ -116,9 +117,9 @@ pub(crate) const CHUNK: usize = 4 * KEYS;
 /// per thread.
 const SPLIT_BELOW_PER_THREAD: usize = 4;
 
-/// The chunk states of a split call are bounded by this many floats (64 MiB); past it the call
-/// runs unsplit, which computes the same bits.
-const MAX_PARTS: usize = 16 << 20;
+/// The chunk states of a split call are bounded by this many floats (16 MiB: one 16-row run of
+/// 32 heads of 128 at a depth of 16k); past it the call runs unsplit, which computes the same bits.
+const MAX_PARTS: usize = 4 << 20;
 
 /// A run of consecutive rows of one sequence, at most [`ROWS_PER_TASK`].
 #[derive(Clone, Copy)]
