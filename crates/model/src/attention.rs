@@ -1,6 +1,6 @@
 //! Causal grouped-query attention over the KV cache, tiled for the caches.
 //!
-//! One task covers a block of up to [`ROWS_PER_TASK`] consecutive batch rows of one sequence and one
+//! One task covers a block of up to [`rows_per_task`] consecutive batch rows of one sequence and one
 //! KV head (with all the query heads that share it, or one of them when there would be too few tasks
 //! to keep the threads busy). Keys and values are read in blocks of [`KEYS`] positions, converted to
 //! f32 once per task and block and reused by every (row, head) of the task; keys are transposed, so
@@ -41,8 +41,15 @@ use crate::threads::{SharedMut, ThreadPool};
 /// Key positions per block (the score vector of one query against one block): one KV pool block.
 pub(crate) const KEYS: usize = BLOCK;
 
-/// Batch rows of one sequence per task.
-const ROWS_PER_TASK: usize = 16;
+/// Queries (rows × the query heads of a KV head) a task aims at: each block's keys and values are
+/// converted once per task, so a task of few queries spends its time converting (SmolLM2's 3 heads
+/// per KV head in 16 rows: 12% of a prefill at depth 4096 was that conversion).
+const QUERIES_PER_TASK: usize = 128;
+
+/// Batch rows of one sequence per task, for `group` query heads per KV head: 16 to 64.
+fn rows_per_task(group: usize) -> usize {
+    (QUERIES_PER_TASK / group.max(1)).clamp(16, 64)
+}
 
 /// Largest head dimension the attention buffers hold.
 pub(crate) const MAX_HEAD_DIM: usize = 512;
@@ -121,7 +128,7 @@ const SPLIT_BELOW_PER_THREAD: usize = 4;
 /// 32 heads of 128 at a depth of 16k); past it the call runs unsplit, which computes the same bits.
 const MAX_PARTS: usize = 4 << 20;
 
-/// A run of consecutive rows of one sequence, at most [`ROWS_PER_TASK`].
+/// A run of consecutive rows of one sequence, at most [`rows_per_task`].
 #[derive(Clone, Copy)]
 struct Run {
     t0: u32,
@@ -172,13 +179,14 @@ pub(crate) fn attend(
     let sw = hdv + 2;
     assert!(hd <= MAX_HEAD_DIM && hdv <= MAX_HEAD_DIM);
     debug_assert!((0..n).all(|t| r.lo[t] <= r.pos[t]));
-    // Runs of consecutive rows of one sequence, cut every ROWS_PER_TASK rows.
+    // Runs of consecutive rows of one sequence, cut every `rows_per_task` rows.
     let AttnScratch { runs, tasks, parts } = scratch;
     runs.clear();
+    let run_rows = rows_per_task(group);
     let mut t = 0;
     while t < n {
         let mut e = t + 1;
-        while e < n && r.seq[e] == r.seq[t] && e - t < ROWS_PER_TASK {
+        while e < n && r.seq[e] == r.seq[t] && e - t < run_rows {
             e += 1;
         }
         let c0 = (t..e).map(|t| r.lo[t]).min().unwrap_or(0) / CHUNK;
@@ -914,11 +922,13 @@ trait Soft {
     /// # Safety
     /// The CPU must have the level's features.
     unsafe fn scale_max(s: &mut [f32; KEYS], ks: usize, kc: usize, sc: Scale) -> f32;
-    /// `p[k] = exp(s[k] - m)` for every key lane.
+    /// `p[k] = exp(s[k] - m)` for the live keys `ks..kc`, 0 for the others, and the block's sum
+    /// of `p`: 16 lanes summed over the key chunks of 16 in order (`lane[l] = ((0 + p[l]) +
+    /// p[16 + l]) + ...`), then halved pairwise (`lane[j] += lane[j + w]` for `w` = 8, 4, 2, 1).
     ///
     /// # Safety
     /// As [`Soft::scale_max`].
-    unsafe fn exp_shifted(s: &[f32; KEYS], m: f32, p: &mut [f32; KEYS]);
+    unsafe fn exp_sum(s: &[f32; KEYS], ks: usize, kc: usize, m: f32, p: &mut [f32; KEYS]) -> f32;
 }
 
 /// The plain code (auto-vectorised as far as the compiler manages).
@@ -943,10 +953,28 @@ impl Soft for ScalarSoft {
     }
 
     #[inline(always)]
-    unsafe fn exp_shifted(s: &[f32; KEYS], m: f32, p: &mut [f32; KEYS]) {
+    unsafe fn exp_sum(s: &[f32; KEYS], ks: usize, kc: usize, m: f32, p: &mut [f32; KEYS]) -> f32 {
         for k in 0..KEYS {
-            p[k] = exp(s[k] - m);
+            p[k] = if (ks..kc).contains(&k) {
+                exp(s[k] - m)
+            } else {
+                0.0
+            };
         }
+        let mut lanes = [0f32; 16];
+        for c in 0..KEYS / 16 {
+            for (l, x) in lanes.iter_mut().zip(&p[16 * c..16 * c + 16]) {
+                *l += x;
+            }
+        }
+        let mut w = 16;
+        while w > 1 {
+            w /= 2;
+            for j in 0..w {
+                lanes[j] += lanes[j + w];
+            }
+        }
+        lanes[0]
     }
 }
 
@@ -991,13 +1019,39 @@ impl Soft for Avx512Soft {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-    unsafe fn exp_shifted(s: &[f32; KEYS], m: f32, p: &mut [f32; KEYS]) {
+    unsafe fn exp_sum(s: &[f32; KEYS], ks: usize, kc: usize, m: f32, p: &mut [f32; KEYS]) -> f32 {
         use std::arch::x86_64::*;
         let mv = _mm512_set1_ps(m);
-        for c in 0..KEYS / 16 {
-            let x = _mm512_sub_ps(_mm512_loadu_ps(s.as_ptr().add(16 * c)), mv);
-            _mm512_storeu_ps(p.as_mut_ptr().add(16 * c), exp16(x));
+        // The 16 lanes' sums; adding a dead chunk's zeros changes nothing (the sums are >= +0).
+        let mut acc = _mm512_setzero_ps();
+        if ks == 0 && kc == KEYS {
+            // Every key live (all blocks but a row's last and a window's first): no masks.
+            for c in 0..KEYS / 16 {
+                let x = _mm512_sub_ps(_mm512_loadu_ps(s.as_ptr().add(16 * c)), mv);
+                let e = exp16(x);
+                _mm512_storeu_ps(p.as_mut_ptr().add(16 * c), e);
+                acc = _mm512_add_ps(acc, e);
+            }
+            return halve16(acc);
         }
+        for c in 0..KEYS / 16 {
+            let (lo, hi) = (
+                ks.saturating_sub(16 * c).min(16),
+                kc.saturating_sub(16 * c).min(16),
+            );
+            let ptr = p.as_mut_ptr().add(16 * c);
+            if lo == hi {
+                _mm512_storeu_ps(ptr, _mm512_setzero_ps());
+                continue;
+            }
+            let upto: u32 = if hi == 16 { !0 } else { (1 << hi) - 1 };
+            let mask = (upto & !((1u32 << lo) - 1)) as __mmask16;
+            let x = _mm512_sub_ps(_mm512_loadu_ps(s.as_ptr().add(16 * c)), mv);
+            let e = _mm512_maskz_mov_ps(mask, exp16(x));
+            _mm512_storeu_ps(ptr, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        halve16(acc)
     }
 }
 
@@ -1050,14 +1104,71 @@ impl Soft for Avx2Soft {
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn exp_shifted(s: &[f32; KEYS], m: f32, p: &mut [f32; KEYS]) {
+    unsafe fn exp_sum(s: &[f32; KEYS], ks: usize, kc: usize, m: f32, p: &mut [f32; KEYS]) -> f32 {
         use std::arch::x86_64::*;
         let mv = _mm256_set1_ps(m);
-        for c in 0..KEYS / 8 {
-            let x = _mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(8 * c)), mv);
-            _mm256_storeu_ps(p.as_mut_ptr().add(8 * c), exp8(x));
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        // Lanes 0..8 and 8..16 of the 16 lanes' sums.
+        let mut acc = [_mm256_setzero_ps(); 2];
+        if ks == 0 && kc == KEYS {
+            // Every key live (all blocks but a row's last and a window's first): no masks.
+            for c in 0..KEYS / 16 {
+                let x0 = _mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(16 * c)), mv);
+                let x1 = _mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(16 * c + 8)), mv);
+                let (e0, e1) = (exp8(x0), exp8(x1));
+                _mm256_storeu_ps(p.as_mut_ptr().add(16 * c), e0);
+                _mm256_storeu_ps(p.as_mut_ptr().add(16 * c + 8), e1);
+                acc[0] = _mm256_add_ps(acc[0], e0);
+                acc[1] = _mm256_add_ps(acc[1], e1);
+            }
+            return halve8(_mm256_add_ps(acc[0], acc[1]));
         }
+        for c in 0..KEYS / 8 {
+            let (lo, hi) = (
+                ks.saturating_sub(8 * c).min(8),
+                kc.saturating_sub(8 * c).min(8),
+            );
+            let ptr = p.as_mut_ptr().add(8 * c);
+            if lo == hi {
+                _mm256_storeu_ps(ptr, _mm256_setzero_ps());
+                continue;
+            }
+            // lo <= lane < hi
+            let mask = _mm256_castsi256_ps(_mm256_andnot_si256(
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(lo as i32), lane),
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(hi as i32), lane),
+            ));
+            let x = _mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(8 * c)), mv);
+            let e = _mm256_and_ps(mask, exp8(x));
+            _mm256_storeu_ps(ptr, e);
+            acc[c % 2] = _mm256_add_ps(acc[c % 2], e);
+        }
+        halve8(_mm256_add_ps(acc[0], acc[1]))
     }
+}
+
+/// `lane[j] += lane[j + w]` for `w` = 8, 4, 2, 1 over 16 lanes: lane 0 at the end.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn halve16(v: std::arch::x86_64::__m512) -> f32 {
+    use std::arch::x86_64::*;
+    halve8(_mm256_add_ps(
+        _mm512_castps512_ps256(v),
+        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+    ))
+}
+
+/// `lane[j] += lane[j + w]` for `w` = 4, 2, 1 over 8 lanes: lane 0 at the end.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn halve8(v: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let h4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+    let h1 = _mm_add_ss(h2, _mm_shuffle_ps::<0x55>(h2, h2));
+    _mm_cvtss_f32(h1)
 }
 
 /// [`exp`] in each of 8 lanes: [`exp16`]'s operations.
@@ -1235,27 +1346,12 @@ fn block_body<const N: usize, S: Soft, const KS: usize, const OC: usize>(
         let m_new = m.max(bmax);
         alpha[n] = exp(m - m_new);
         // SAFETY: as above.
-        unsafe { S::exp_shifted(&s[n], m_new, &mut p[n]) };
-        // The block's sum: 16 lanes over the key chunks in order (keys outside `ks..kc` add
-        // nothing), then halved pairwise; a serial sum over the keys was one add latency per key.
-        p[n][..ks].fill(0.0);
-        p[n][kc..].fill(0.0);
-        let mut lanes = [0f32; 16];
-        for c in 0..KEYS / 16 {
-            for (l, x) in lanes.iter_mut().zip(&p[n][16 * c..16 * c + 16]) {
-                *l += x;
-            }
-        }
-        let mut w = 16;
-        while w > 1 {
-            w /= 2;
-            for j in 0..w {
-                lanes[j] += lanes[j + w];
-            }
-        }
+        // The block's sum in lanes (a serial sum over the keys was one add latency per key).
+        // SAFETY: as above.
+        let bsum = unsafe { S::exp_sum(&s[n], ks, kc, m_new, &mut p[n]) };
         let st = &mut *state[n];
         st[hdv] = m_new;
-        st[hdv + 1] = sum.mul_add(alpha[n], lanes[0]);
+        st[hdv + 1] = sum.mul_add(alpha[n], bsum);
     }
     // o = o * alpha + Σ_k p_k v_k, each element's chain over the keys in order.
     let mut e0 = 0;
