@@ -823,12 +823,7 @@ fn open_disk(cfg: &SchedulerConfig, c: &hearth_model::Config) -> Option<DiskCach
         tracing::warn!("the disk cache is off: the model file's identity is unknown");
         return None;
     }
-    let layout = format!(
-        "blocks of {KV_BLOCK} tokens: [n_layer {}, {KV_BLOCK}, k {}] then v {}",
-        c.n_layer,
-        c.k_dim(),
-        c.v_dim()
-    );
+    let layout = KvCache::block_layout(cfg.kv_type, c.n_layer, c.k_dim(), c.v_dim());
     let ns = cache_namespace(cfg.model_identity, cfg.kv_type.name(), &layout);
     match DiskCache::open(dc, ns) {
         Ok(d) => Some(d),

@@ -3,8 +3,10 @@
 //! One task covers a block of up to [`rows_per_task`] consecutive batch rows of one sequence and one
 //! KV head (with all the query heads that share it, or one of them when there would be too few tasks
 //! to keep the threads busy). Keys and values are read in blocks of [`KEYS`] positions, converted to
-//! f32 once per task and block and reused by every (row, head) of the task; keys are transposed, so
-//! the scores of a query against a whole block are `head_dim` vector FMAs without horizontal sums.
+//! f32 once per task and block and reused by every (row, head) of the task; the cache stores a
+//! block's keys transposed (positions along a row, see [`crate::kv_cache`]), so the conversion is
+//! a plain one and the scores of a query against a whole block are `head_dim` vector FMAs without
+//! horizontal sums.
 //!
 //! Each row attends to its own key range `[lo, pos]` (`lo` is 0 for causal attention over the whole
 //! context, `pos + 1 - window` in a sliding-window layer). The range is cut at the multiples of
@@ -251,7 +253,6 @@ pub(crate) fn attend(
     let geo = Geometry {
         hd,
         hdv,
-        kd: c.k_dim(),
         vd: c.v_dim(),
         n_head: c.n_head,
         group,
@@ -313,7 +314,6 @@ pub(crate) fn attend(
 struct Geometry {
     hd: usize,
     hdv: usize,
-    kd: usize,
     vd: usize,
     n_head: usize,
     group: usize,
@@ -478,7 +478,6 @@ fn run_task(
                 let at = KvAt {
                     k0: 0,
                     kn,
-                    kd: g.kd,
                     vd: g.vd,
                     kvh,
                 };
@@ -610,17 +609,18 @@ fn heads<const N: usize>(
 }
 
 /// Where a block of keys and values sits in a layer's cache: positions `k0..k0 + kn`, row widths
-/// `kd` (keys) and `vd` (values), KV head `kvh`.
+/// `vd` (values; the keys come transposed), KV head `kvh`.
 struct KvAt {
     k0: usize,
     kn: usize,
-    kd: usize,
     vd: usize,
     kvh: usize,
 }
 
-/// A block of the cache as f32: the keys transposed into `kt` (`[hd, KEYS]`, zeros past `kn`) and
-/// the values into `vals` (`[kn, hdv]`). Conversion is exact, so every path writes the same bits.
+/// A block of the cache as f32: the keys into `kt` (`[hd, KEYS]`, zeros past `kn`) and the values
+/// into `vals` (`[kn, hdv]`). The keys are stored transposed ([`Rows::F16T`], [`Rows::F32T`]):
+/// head `kvh`'s rows `d` are already `kt`'s. Conversion is exact (`vcvtph2ps` where the level
+/// has it), so every path writes the same bits.
 #[allow(clippy::too_many_arguments)]
 fn load_block(
     level: Level,
@@ -633,41 +633,19 @@ fn load_block(
     hdv: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx512 {
-        // SAFETY: the level is at most what the CPU supports (hearth_quant checks).
-        return unsafe { load_block_avx512(keys, values, at, kt, vals, hd, hdv) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx2 {
-        // SAFETY: as above.
-        return unsafe { load_block_avx2(keys, values, at, kt, vals, hd, hdv) };
+    if level != Level::Scalar {
+        // SAFETY: the AVX2 and AVX-512 levels include F16C (hearth_quant checks the CPU).
+        return unsafe { load_block_f16c(keys, values, at, kt, vals, hd, hdv) };
     }
     let _ = level;
-    let mut row = [0f32; MAX_HEAD_DIM];
-    for k in 0..KEYS {
-        if k < at.kn {
-            to_f32(keys, (at.k0 + k) * at.kd + at.kvh * hd, &mut row[..hd]);
-        } else {
-            row[..hd].fill(0.0);
-        }
-        for (d, x) in row[..hd].iter().enumerate() {
-            kt[d * KEYS + k] = *x;
-        }
-    }
-    for k in 0..at.kn {
-        to_f32(
-            values,
-            (at.k0 + k) * at.vd + at.kvh * hdv,
-            &mut vals[k * hdv..(k + 1) * hdv],
-        );
-    }
+    load_block_body(keys, values, at, kt, vals, hd, hdv, |x, d| {
+        x.convert_to_f32_slice(d)
+    })
 }
 
-/// [`load_block`] with 16 × 16 tiles converted (`vcvtph2ps`) and transposed in registers.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn load_block_avx512(
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn load_block_f16c(
     keys: &Rows,
     values: &Rows,
     at: &KvAt,
@@ -677,66 +655,26 @@ unsafe fn load_block_avx512(
     hdv: usize,
 ) {
     use std::arch::x86_64::*;
-    /// 16 elements at `i` as f32 (`i + 16` within the rows).
-    #[inline(always)]
-    unsafe fn load16(rows: &Rows, i: usize) -> __m512 {
-        match rows {
-            Rows::F16(x) => {
-                let s = &x[i..i + 16];
-                _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().cast()))
-            }
-            Rows::F32(x) => _mm512_loadu_ps(x[i..i + 16].as_ptr()),
-            Rows::Quant { .. } => unreachable!("quantized blocks are read by kv_quant"),
-        }
-    }
-    assert!(kt.len() == hd * KEYS && vals.len() >= at.kn * hdv && at.kn <= KEYS);
-    let hd16 = hd / 16 * 16;
-    for kb in (0..KEYS).step_by(16) {
-        for db in (0..hd16).step_by(16) {
-            let mut r = [_mm512_setzero_si512(); 16];
-            for (i, v) in r.iter_mut().enumerate() {
-                if kb + i < at.kn {
-                    let off = (at.k0 + kb + i) * at.kd + at.kvh * hd + db;
-                    *v = _mm512_castps_si512(load16(keys, off));
-                }
-            }
-            hearth_quant::simd::transpose16x16(&mut r);
-            for (j, v) in r.iter().enumerate() {
-                let dst = &mut kt[(db + j) * KEYS + kb..][..16];
-                _mm512_storeu_ps(dst.as_mut_ptr(), _mm512_castsi512_ps(*v));
+    // `half`'s slice conversion made a call per 8 elements: 37% of a decode step at depth 4096.
+    load_block_body(keys, values, at, kt, vals, hd, hdv, |x, d| {
+        let n8 = x.len() / 8 * 8;
+        for i in (0..n8).step_by(8) {
+            // SAFETY: `i + 8 <= len` of both; F16C is enabled here.
+            unsafe {
+                let h = _mm_loadu_si128(x.as_ptr().add(i).cast());
+                _mm256_storeu_ps(d.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
             }
         }
-        // The dimensions past the last multiple of 16, one by one.
-        for d in hd16..hd {
-            for k in kb..kb + 16 {
-                kt[d * KEYS + k] = if k < at.kn {
-                    let mut x = [0f32; 1];
-                    to_f32(keys, (at.k0 + k) * at.kd + at.kvh * hd + d, &mut x);
-                    x[0]
-                } else {
-                    0.0
-                };
-            }
+        for (y, h) in d[n8..].iter_mut().zip(&x[n8..]) {
+            *y = h.to_f32();
         }
-    }
-    let hdv16 = hdv / 16 * 16;
-    for k in 0..at.kn {
-        let src = (at.k0 + k) * at.vd + at.kvh * hdv;
-        let dst = &mut vals[k * hdv..(k + 1) * hdv];
-        for d in (0..hdv16).step_by(16) {
-            _mm512_storeu_ps(dst[d..d + 16].as_mut_ptr(), load16(values, src + d));
-        }
-        if hdv16 < hdv {
-            to_f32(values, src + hdv16, &mut dst[hdv16..]);
-        }
-    }
+    })
 }
 
-/// [`load_block`] with 8 × 8 tiles converted (`vcvtph2ps`) and transposed in registers (AVX2).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
+/// [`load_block`] with `cvt` converting f16 slices to f32 of the same length.
 #[allow(clippy::too_many_arguments)]
-unsafe fn load_block_avx2(
+#[inline(always)]
+fn load_block_body(
     keys: &Rows,
     values: &Rows,
     at: &KvAt,
@@ -744,96 +682,27 @@ unsafe fn load_block_avx2(
     vals: &mut [f32],
     hd: usize,
     hdv: usize,
+    cvt: impl Fn(&[f16], &mut [f32]),
 ) {
-    use std::arch::x86_64::*;
-    /// 8 elements at `i` as f32 (`i + 8` within the rows).
-    #[inline(always)]
-    unsafe fn load8(rows: &Rows, i: usize) -> __m256 {
-        match rows {
-            Rows::F16(x) => {
-                let s = &x[i..i + 8];
-                _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast()))
-            }
-            Rows::F32(x) => _mm256_loadu_ps(x[i..i + 8].as_ptr()),
-            Rows::Quant { .. } => unreachable!("quantized blocks are read by kv_quant"),
+    assert!(at.k0 == 0 && at.kn <= KEYS && kt.len() == hd * KEYS && vals.len() >= at.kn * hdv);
+    for d in 0..hd {
+        let src = (at.kvh * hd + d) * KEYS;
+        let dst = &mut kt[d * KEYS..(d + 1) * KEYS];
+        match keys {
+            Rows::F16T(x) => cvt(&x[src..src + at.kn], &mut dst[..at.kn]),
+            Rows::F32T(x) => dst[..at.kn].copy_from_slice(&x[src..src + at.kn]),
+            _ => unreachable!("f16 and f32 keys are stored transposed"),
         }
+        dst[at.kn..].fill(0.0);
     }
-    /// Rows become columns.
-    #[inline(always)]
-    unsafe fn transpose8(r: &mut [__m256; 8]) {
-        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-        r[0] = _mm256_permute2f128_ps::<0x20>(u0, u4);
-        r[1] = _mm256_permute2f128_ps::<0x20>(u1, u5);
-        r[2] = _mm256_permute2f128_ps::<0x20>(u2, u6);
-        r[3] = _mm256_permute2f128_ps::<0x20>(u3, u7);
-        r[4] = _mm256_permute2f128_ps::<0x31>(u0, u4);
-        r[5] = _mm256_permute2f128_ps::<0x31>(u1, u5);
-        r[6] = _mm256_permute2f128_ps::<0x31>(u2, u6);
-        r[7] = _mm256_permute2f128_ps::<0x31>(u3, u7);
-    }
-    assert!(kt.len() == hd * KEYS && vals.len() >= at.kn * hdv && at.kn <= KEYS);
-    let hd8 = hd / 8 * 8;
-    for kb in (0..KEYS).step_by(8) {
-        for db in (0..hd8).step_by(8) {
-            let mut r = [_mm256_setzero_ps(); 8];
-            for (i, v) in r.iter_mut().enumerate() {
-                if kb + i < at.kn {
-                    *v = load8(keys, (at.k0 + kb + i) * at.kd + at.kvh * hd + db);
-                }
-            }
-            transpose8(&mut r);
-            for (j, v) in r.iter().enumerate() {
-                let dst = &mut kt[(db + j) * KEYS + kb..][..8];
-                _mm256_storeu_ps(dst.as_mut_ptr(), *v);
-            }
-        }
-        // The dimensions past the last multiple of 8, one by one.
-        for d in hd8..hd {
-            for k in kb..kb + 8 {
-                kt[d * KEYS + k] = if k < at.kn {
-                    let mut x = [0f32; 1];
-                    to_f32(keys, (at.k0 + k) * at.kd + at.kvh * hd + d, &mut x);
-                    x[0]
-                } else {
-                    0.0
-                };
-            }
-        }
-    }
-    let hdv8 = hdv / 8 * 8;
     for k in 0..at.kn {
-        let src = (at.k0 + k) * at.vd + at.kvh * hdv;
+        let src = k * at.vd + at.kvh * hdv;
         let dst = &mut vals[k * hdv..(k + 1) * hdv];
-        for d in (0..hdv8).step_by(8) {
-            _mm256_storeu_ps(dst[d..d + 8].as_mut_ptr(), load8(values, src + d));
+        match values {
+            Rows::F16(x) => cvt(&x[src..src + hdv], dst),
+            Rows::F32(x) => dst.copy_from_slice(&x[src..src + hdv]),
+            _ => unreachable!("f16 and f32 values are stored as rows"),
         }
-        if hdv8 < hdv {
-            to_f32(values, src + hdv8, &mut dst[hdv8..]);
-        }
-    }
-}
-
-/// Elements `at..at + dst.len()` of a cache row set, as f32.
-fn to_f32(rows: &Rows, at: usize, dst: &mut [f32]) {
-    match rows {
-        Rows::F16(x) => x[at..at + dst.len()].convert_to_f32_slice(dst),
-        Rows::F32(x) => dst.copy_from_slice(&x[at..at + dst.len()]),
-        Rows::Quant { .. } => unreachable!("quantized blocks are read by kv_quant"),
     }
 }
 
@@ -1526,45 +1395,70 @@ mod tests {
     }
 
     #[test]
-    fn load_block_is_the_same_at_every_level() {
-        // f16 and f32 caches, head dimensions with tails past 16 and past 8, full and partial
-        // blocks.
+    fn load_block_reads_what_the_cache_stored() {
+        // f16 and f32 caches (keys stored transposed), head dimensions with odd tails, a full
+        // block and a partial one: `kt` is each position's key as stored (zeros past the last
+        // position), `vals` its value.
         for (hd, hdv) in [(72, 40), (68, 36)] {
-            load_block_case(hd, hdv);
-        }
-    }
-
-    fn load_block_case(hd: usize, hdv: usize) {
-        let (kvh, n_kv) = (1, 2);
-        let (kd, vd) = (n_kv * hd, n_kv * hdv);
-        let n = 100;
-        let kf: Vec<f32> = (0..n * kd).map(|i| ((i as f32) * 0.37).sin()).collect();
-        let vf: Vec<f32> = (0..n * vd).map(|i| ((i as f32) * 0.11).cos()).collect();
-        let kh: Vec<f16> = kf.iter().map(|&x| f16::from_f32(x)).collect();
-        let vh: Vec<f16> = vf.iter().map(|&x| f16::from_f32(x)).collect();
-        let caches = [
-            (Rows::F16(&kh), Rows::F16(&vh)),
-            (Rows::F32(&kf), Rows::F32(&vf)),
-        ];
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for (keys, values) in &caches {
-            for (k0, kn) in [(0, KEYS), (64, 36), (3, 1)] {
-                let at = KvAt {
-                    k0,
-                    kn,
-                    kd,
-                    vd,
-                    kvh,
+            let (kvh, n_kv) = (1, 2);
+            let (kd, vd) = (n_kv * hd, n_kv * hdv);
+            let n = KEYS + 36;
+            let kf: Vec<f32> = (0..n * kd).map(|i| ((i as f32) * 0.37).sin()).collect();
+            let vf: Vec<f32> = (0..n * vd).map(|i| ((i as f32) * 0.11).cos()).collect();
+            for ty in [KvType::F16, KvType::F32] {
+                let round = |x: f32| match ty {
+                    KvType::F16 => f16::from_f32(x).to_f32(),
+                    _ => x,
                 };
-                let run = |level| {
-                    let mut kt = vec![f32::NAN; hd * KEYS];
-                    let mut vals = vec![f32::NAN; kn * hdv];
-                    load_block(level, keys, values, &at, &mut kt, &mut vals, hd, hdv);
-                    (bits(&kt), bits(&vals))
-                };
-                let want = run(Level::Scalar);
-                for level in hearth_quant::simd::available_levels() {
-                    assert!(run(level) == want, "level {level}, block at {k0} of {kn}");
+                let mut kv = KvCache::new(1, 2, 2 * KEYS, kd, vd, ty);
+                for p in 0..n {
+                    kv.store(
+                        0,
+                        1,
+                        p,
+                        &kf[p * kd..(p + 1) * kd],
+                        &vf[p * vd..(p + 1) * vd],
+                    );
+                }
+                for (b, kn) in [(0, KEYS), (1, 36)] {
+                    let (keys, values) = kv.block_rows(0, 1, b);
+                    let at = KvAt { k0: 0, kn, vd, kvh };
+                    let run = |level| {
+                        let mut kt = vec![f32::NAN; hd * KEYS];
+                        let mut vals = vec![f32::NAN; kn * hdv];
+                        load_block(level, &keys, &values, &at, &mut kt, &mut vals, hd, hdv);
+                        (kt, vals)
+                    };
+                    let (kt, vals) = run(Level::Scalar);
+                    for level in hearth_quant::simd::available_levels() {
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        let (k2, v2) = run(level);
+                        assert!(
+                            bits(&k2) == bits(&kt) && bits(&v2) == bits(&vals),
+                            "{level}"
+                        );
+                    }
+                    for k in 0..KEYS {
+                        let p = b * KEYS + k;
+                        for d in 0..hd {
+                            let want = if k < kn {
+                                round(kf[p * kd + kvh * hd + d])
+                            } else {
+                                0.0
+                            };
+                            assert_eq!(
+                                kt[d * KEYS + k].to_bits(),
+                                want.to_bits(),
+                                "{ty:?} {p} {d}"
+                            );
+                        }
+                        for e in 0..hdv {
+                            if k < kn {
+                                let want = round(vf[p * vd + kvh * hdv + e]);
+                                assert_eq!(vals[k * hdv + e].to_bits(), want.to_bits());
+                            }
+                        }
+                    }
                 }
             }
         }

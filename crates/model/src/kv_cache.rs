@@ -11,6 +11,11 @@
 //! copied (copy-on-write of a shared partial block), exported and imported (the disk cache) as one
 //! piece. [`BLOCK`] equals attention's key block, so one attention block is one pool block.
 //!
+//! An f16 or f32 cache keeps each layer's keys of a block transposed, `[k_dim, BLOCK]`: attention
+//! wants a block's keys with positions in vector lanes, and converting stored columns is a plain
+//! conversion where transposing stored rows on every read cost most of a decode step's attention
+//! at depth. Values, and quantized keys (blocks of 32 elements along a row), stay rows.
+//!
 //! Sliding-window layers keep every position too, not a ring of `window` rows as llama.cpp's SWA
 //! cache does: a position has the same address in every layer, so sharing a prefix or rewinding a
 //! sequence needs no per-layer bookkeeping, and attention simply never reads behind a window.
@@ -92,6 +97,8 @@ impl KvType {
 struct Store {
     width: usize,
     data: Data,
+    /// Each run of [`BLOCK`] rows stored transposed, `[width, BLOCK]` (f16 and f32 keys).
+    transposed: bool,
 }
 
 enum Data {
@@ -106,13 +113,19 @@ enum Data {
 impl Store {
     /// `rows` zeroed rows (zeroed allocations map lazily, so an unused pool costs no resident
     /// memory).
-    fn new(ty: KvType, rows: usize, width: usize) -> Store {
+    fn new(ty: KvType, rows: usize, width: usize, keys: bool) -> Store {
         let data = match (ty, ty.quant()) {
             (_, Some(q)) => Data::Quant(q, vec![0u8; rows * ty.row_bytes(width)]),
             (KvType::F16, None) => Data::F16(vec![0u16; rows * width]),
             _ => Data::F32(vec![0.0; rows * width]),
         };
-        Store { width, data }
+        let transposed = keys && ty.quant().is_none();
+        debug_assert!(!transposed || rows.is_multiple_of(BLOCK));
+        Store {
+            width,
+            data,
+            transposed,
+        }
     }
 
     /// Elements (f16, f32) or bytes (quantized) per row.
@@ -127,6 +140,29 @@ impl Store {
     fn write(&mut self, row: usize, src: &[f32]) {
         debug_assert_eq!(src.len(), self.width);
         let at = row * self.unit();
+        if self.transposed {
+            // Element `j` of the row at `j * BLOCK` of its block's run (the same conversion).
+            let (seg, p) = ((row - row % BLOCK) * self.width, row % BLOCK);
+            let mut h = [f16::ZERO; 256];
+            for (c, src) in src.chunks(256).enumerate() {
+                let at = seg + (c * 256) * BLOCK + p;
+                match &mut self.data {
+                    Data::F16(v) => {
+                        h[..src.len()].convert_from_f32_slice(src);
+                        for (i, x) in h[..src.len()].iter().enumerate() {
+                            v[at + i * BLOCK] = x.to_bits();
+                        }
+                    }
+                    Data::F32(v) => {
+                        for (i, x) in src.iter().enumerate() {
+                            v[at + i * BLOCK] = *x;
+                        }
+                    }
+                    Data::Quant(..) => unreachable!("quantized rows are not transposed"),
+                }
+            }
+            return;
+        }
         match &mut self.data {
             // The slice conversion (F16C where the CPU has it), not a detected call per element.
             Data::F16(v) => v[at..at + src.len()]
@@ -140,10 +176,13 @@ impl Store {
         }
     }
 
-    /// Rows `row..row + count`.
+    /// Rows `row..row + count` (a whole run of [`BLOCK`] rows from its first if transposed).
     fn rows(&self, row: usize, count: usize) -> Rows<'_> {
         let (at, len) = (row * self.unit(), count * self.unit());
+        assert!(!self.transposed || (row.is_multiple_of(BLOCK) && count == BLOCK));
         match &self.data {
+            Data::F16(v) if self.transposed => Rows::F16T(as_f16(&v[at..at + len])),
+            Data::F32(v) if self.transposed => Rows::F32T(&v[at..at + len]),
             Data::F16(v) => Rows::F16(as_f16(&v[at..at + len])),
             Data::F32(v) => Rows::F32(&v[at..at + len]),
             Data::Quant(q, v) => Rows::Quant {
@@ -154,8 +193,22 @@ impl Store {
         }
     }
 
-    /// Copies rows `src..src + count` to `dst..`.
+    /// Copies rows `src..src + count` to `dst..` (within one run from its first row if
+    /// transposed).
     fn copy_within(&mut self, src: usize, dst: usize, count: usize) {
+        if self.transposed {
+            assert!(src.is_multiple_of(BLOCK) && dst.is_multiple_of(BLOCK) && count <= BLOCK);
+            let (s, d) = (src * self.width, dst * self.width);
+            for j in 0..self.width {
+                let (s, d) = (s + j * BLOCK, d + j * BLOCK);
+                match &mut self.data {
+                    Data::F16(v) => v.copy_within(s..s + count, d),
+                    Data::F32(v) => v.copy_within(s..s + count, d),
+                    Data::Quant(..) => unreachable!("quantized rows are not transposed"),
+                }
+            }
+            return;
+        }
         let u = self.unit();
         let (src, dst, len) = (src * u, dst * u, count * u);
         match &mut self.data {
@@ -165,8 +218,12 @@ impl Store {
         }
     }
 
-    /// Rows `row..row + count` as little-endian bytes, appended to `out`.
+    /// Rows `row..row + count` as little-endian bytes in storage order (whole runs if
+    /// transposed), appended to `out`.
     fn export(&self, row: usize, count: usize, out: &mut Vec<u8>) {
+        debug_assert!(
+            !self.transposed || (row.is_multiple_of(BLOCK) && count.is_multiple_of(BLOCK))
+        );
         let (at, len) = (row * self.unit(), count * self.unit());
         match &self.data {
             Data::F16(v) => v[at..at + len]
@@ -176,6 +233,25 @@ impl Store {
                 .iter()
                 .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             Data::Quant(_, v) => out.extend_from_slice(&v[at..at + len]),
+        }
+    }
+
+    /// Row `row`'s bytes as a row-major store would hold them.
+    #[cfg(test)]
+    fn row_bytes_at(&self, row: usize) -> Vec<u8> {
+        let (seg, p) = ((row - row % BLOCK) * self.width, row % BLOCK);
+        let at = |j: usize| match self.transposed {
+            true => seg + j * BLOCK + p,
+            false => row * self.width + j,
+        };
+        match &self.data {
+            Data::F16(v) => (0..self.width)
+                .flat_map(|j| v[at(j)].to_le_bytes())
+                .collect(),
+            Data::F32(v) => (0..self.width)
+                .flat_map(|j| v[at(j)].to_le_bytes())
+                .collect(),
+            Data::Quant(_, v) => v[row * self.unit()..(row + 1) * self.unit()].to_vec(),
         }
     }
 
@@ -202,6 +278,10 @@ impl Store {
 pub(crate) enum Rows<'a> {
     F16(&'a [f16]),
     F32(&'a [f32]),
+    /// A block's rows transposed, `[width, BLOCK]`: element `j` of position `p` at
+    /// `j * BLOCK + p` (f16 and f32 keys).
+    F16T(&'a [f16]),
+    F32T(&'a [f32]),
     /// Quantized rows of `stride` bytes each (a whole token's row; head `h` of `head_dim` elements
     /// at byte `h * ty.row_bytes(head_dim)` within it).
     Quant {
@@ -221,7 +301,7 @@ pub struct KvCache {
     k_dim: usize,
     v_dim: usize,
     ty: KvType,
-    k: Store, // [n_blocks, n_layer, BLOCK, k_dim]
+    k: Store, // [n_blocks, n_layer, BLOCK, k_dim], or [.., k_dim, BLOCK] for f16 and f32
     v: Store, // [n_blocks, n_layer, BLOCK, v_dim]
     /// Per sequence: the pool block of each run of [`BLOCK`] positions.
     tables: Vec<Vec<u32>>,
@@ -266,8 +346,8 @@ impl KvCache {
             k_dim,
             v_dim,
             ty,
-            k: Store::new(ty, rows, k_dim),
-            v: Store::new(ty, rows, v_dim),
+            k: Store::new(ty, rows, k_dim, true),
+            v: Store::new(ty, rows, v_dim, false),
             tables: vec![Vec::new(); n_seq],
         }
     }
@@ -295,6 +375,17 @@ impl KvCache {
     /// Bytes held by the cache.
     pub fn bytes(&self) -> usize {
         self.n_blocks * self.block_bytes()
+    }
+
+    /// How an exported block is laid out, for the keys of caches on disk: blocks written with
+    /// another layout are foreign.
+    pub fn block_layout(ty: KvType, n_layer: usize, k_dim: usize, v_dim: usize) -> String {
+        let keys = if ty.quant().is_some() {
+            format!("{BLOCK}, k {k_dim}")
+        } else {
+            format!("k {k_dim} transposed, {BLOCK}")
+        };
+        format!("blocks of {BLOCK} tokens: [n_layer {n_layer}, {keys}] then v [{BLOCK}, {v_dim}]")
     }
 
     /// Bytes of one block (its keys and values at every layer): the size of an exported block.
@@ -345,8 +436,9 @@ impl KvCache {
         self.v.write(i, v);
     }
 
-    /// The K and V rows (`[BLOCK, k_dim]`, `[BLOCK, v_dim]`) of the `i`-th block of a sequence at a
-    /// layer: positions `[i * BLOCK, (i + 1) * BLOCK)`.
+    /// The K and V rows (`[BLOCK, k_dim]`, `[BLOCK, v_dim]`; the keys `[k_dim, BLOCK]` in an f16
+    /// or f32 cache) of the `i`-th block of a sequence at a layer: positions
+    /// `[i * BLOCK, (i + 1) * BLOCK)`.
     pub(crate) fn block_rows(&self, seq: usize, layer: usize, i: usize) -> (Rows<'_>, Rows<'_>) {
         let b = self.tables[seq][i] as usize;
         let r = self.row_index(b, layer, 0);
@@ -400,6 +492,17 @@ impl KvCache {
     }
 }
 
+#[cfg(test)]
+impl KvCache {
+    /// The K and V bytes of position `p` of block `b` at layer `l`, row-major.
+    fn position_bytes(&self, b: u32, l: usize, p: usize) -> Vec<u8> {
+        let r = self.row_index(b as usize, l, p);
+        let mut out = self.k.row_bytes_at(r);
+        out.extend(self.v.row_bytes_at(r));
+        out
+    }
+}
+
 fn as_f16(bits: &[u16]) -> &[f16] {
     // SAFETY: `half::f16` is `repr(transparent)` over `u16`: same size, alignment and validity.
     unsafe { std::slice::from_raw_parts(bits.as_ptr() as *const f16, bits.len()) }
@@ -418,18 +521,19 @@ mod tests {
         assert!(kv.covers(0, BLOCK + 5) && !kv.covers(0, 2 * BLOCK) && !kv.covers(1, BLOCK));
         kv.store(0, 1, BLOCK + 1, &[1.0, 2.0, 3.0], &[4.0, 5.0]);
         kv.store(0, 1, 3, &[6.0, 7.0, 8.0], &[9.0, 10.0]);
+        // Keys transposed (element j of position p at j * BLOCK + p), values as rows.
         let (k, v) = kv.block_rows(0, 1, 1);
-        let (Rows::F32(k), Rows::F32(v)) = (k, v) else {
+        let (Rows::F32T(k), Rows::F32(v)) = (k, v) else {
             panic!("f32 rows")
         };
         assert_eq!(
-            (&k[3..6], &v[2..4]),
-            (&[1.0, 2.0, 3.0][..], &[4.0, 5.0][..])
+            ([k[1], k[BLOCK + 1], k[2 * BLOCK + 1]], &v[2..4]),
+            ([1.0, 2.0, 3.0], &[4.0, 5.0][..])
         );
-        let (Rows::F32(k), _) = kv.block_rows(1, 1, 0) else {
+        let (Rows::F32T(k), _) = kv.block_rows(1, 1, 0) else {
             panic!("f32 rows")
         };
-        assert_eq!(&k[9..12], &[6.0, 7.0, 8.0]);
+        assert_eq!([k[3], k[BLOCK + 3], k[2 * BLOCK + 3]], [6.0, 7.0, 8.0]);
     }
 
     #[test]
@@ -497,14 +601,16 @@ mod tests {
             kv.export_block(0, &mut b);
             assert_eq!(a, b);
             assert!(kv.import_block(0, &a[1..]).is_err() && kv.import_block(3, &a).is_err());
-            // A partial copy moves only the rows asked for.
+            // A partial copy moves only the rows asked for, at every layer.
             kv.copy_block(2, 0, 2);
-            let (mut c, mut d) = (Vec::new(), Vec::new());
-            kv.export_block(0, &mut c);
-            kv.export_block(2, &mut d);
-            let row = ty.row_bytes(w);
-            assert_eq!(c[..2 * row], d[..2 * row]);
-            assert_eq!(c[2 * row..3 * row], a[2 * row..3 * row]);
+            for l in 0..2 {
+                for p in 0..2 {
+                    assert_eq!(kv.position_bytes(0, l, p), kv.position_bytes(2, l, p));
+                }
+                assert_eq!(kv.position_bytes(0, l, 2), kv.position_bytes(1, l, 2));
+            }
+            // Position 66 (layer 0, row 2 of block 2) was not copied over position 2.
+            assert_ne!(kv.position_bytes(0, 0, 2), kv.position_bytes(2, 0, 2));
         }
     }
 }
