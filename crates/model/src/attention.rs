@@ -873,8 +873,7 @@ impl Soft for Avx512Soft {
             if lo == hi {
                 continue;
             }
-            let upto: u32 = if hi == 16 { !0 } else { (1 << hi) - 1 };
-            let mask = (upto & !((1u32 << lo) - 1)) as __mmask16;
+            let mask = mask16(lo, hi);
             let ptr = s.as_mut_ptr().add(16 * c);
             let mut v = _mm512_mul_ps(_mm512_loadu_ps(ptr), sc);
             if capped {
@@ -913,8 +912,7 @@ impl Soft for Avx512Soft {
                 _mm512_storeu_ps(ptr, _mm512_setzero_ps());
                 continue;
             }
-            let upto: u32 = if hi == 16 { !0 } else { (1 << hi) - 1 };
-            let mask = (upto & !((1u32 << lo) - 1)) as __mmask16;
+            let mask = mask16(lo, hi);
             let x = _mm512_sub_ps(_mm512_loadu_ps(s.as_ptr().add(16 * c)), mv);
             let e = _mm512_maskz_mov_ps(mask, exp16(x));
             _mm512_storeu_ps(ptr, e);
@@ -936,7 +934,6 @@ impl Soft for Avx2Soft {
         use std::arch::x86_64::*;
         let (capped, cap) = (sc.cap != 0.0, _mm256_set1_ps(sc.cap));
         let sc = _mm256_set1_ps(sc.scale);
-        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         let mut mx = _mm256_set1_ps(f32::NEG_INFINITY);
         for c in 0..KEYS / 8 {
             // Lanes `ks..kc` of this chunk of 8.
@@ -950,11 +947,7 @@ impl Soft for Avx2Soft {
             if lo == hi {
                 continue;
             }
-            // lo <= lane < hi
-            let mask = _mm256_castsi256_ps(_mm256_andnot_si256(
-                _mm256_cmpgt_epi32(_mm256_set1_epi32(lo as i32), lane),
-                _mm256_cmpgt_epi32(_mm256_set1_epi32(hi as i32), lane),
-            ));
+            let mask = mask8(lo, hi);
             let ptr = s.as_mut_ptr().add(8 * c);
             let old = _mm256_loadu_ps(ptr);
             let mut v = _mm256_mul_ps(old, sc);
@@ -976,7 +969,6 @@ impl Soft for Avx2Soft {
     unsafe fn exp_sum(s: &[f32; KEYS], ks: usize, kc: usize, m: f32, p: &mut [f32; KEYS]) -> f32 {
         use std::arch::x86_64::*;
         let mv = _mm256_set1_ps(m);
-        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         // Lanes 0..8 and 8..16 of the 16 lanes' sums.
         let mut acc = [_mm256_setzero_ps(); 2];
         if ks == 0 && kc == KEYS {
@@ -1002,11 +994,7 @@ impl Soft for Avx2Soft {
                 _mm256_storeu_ps(ptr, _mm256_setzero_ps());
                 continue;
             }
-            // lo <= lane < hi
-            let mask = _mm256_castsi256_ps(_mm256_andnot_si256(
-                _mm256_cmpgt_epi32(_mm256_set1_epi32(lo as i32), lane),
-                _mm256_cmpgt_epi32(_mm256_set1_epi32(hi as i32), lane),
-            ));
+            let mask = mask8(lo, hi);
             let x = _mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(8 * c)), mv);
             let e = _mm256_and_ps(mask, exp8(x));
             _mm256_storeu_ps(ptr, e);
@@ -1014,6 +1002,28 @@ impl Soft for Avx2Soft {
         }
         halve8(_mm256_add_ps(acc[0], acc[1]))
     }
+}
+
+/// The lanes `lo..hi` of a chunk of 16 as a mask.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn mask16(lo: usize, hi: usize) -> std::arch::x86_64::__mmask16 {
+    let upto: u32 = if hi == 16 { !0 } else { (1 << hi) - 1 };
+    (upto & !((1u32 << lo) - 1)) as u16
+}
+
+/// The lanes `lo..hi` of a chunk of 8 as a blend mask (all bits set in those lanes).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn mask8(lo: usize, hi: usize) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    // lo <= lane < hi
+    _mm256_castsi256_ps(_mm256_andnot_si256(
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(lo as i32), lane),
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(hi as i32), lane),
+    ))
 }
 
 /// `lane[j] += lane[j + w]` for `w` = 8, 4, 2, 1 over 16 lanes: lane 0 at the end.
