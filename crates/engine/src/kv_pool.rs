@@ -523,11 +523,11 @@ mod tests {
         p.retain(m.full[2].0);
         let lost = [p.alloc().unwrap().0, p.alloc().unwrap().0];
         assert!(
-            p.check(&[&b]).is_err(),
+            p.check(&[&b[..]]).is_err(),
             "the pool disagrees with the tables"
         );
-        p.reconcile(&[&b]);
-        p.check(&[&b]).unwrap();
+        p.reconcile(&[&b[..]]);
+        p.check(&[&b[..]]).unwrap();
         // The lost blocks are back (two free, the third cached again), the shared head still held
         // and the whole prefix still found.
         assert_eq!(p.available(), 12 - 2);

@@ -9,6 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use hearth_engine::Backend;
 use hearth_server::listen::{self, ConnConfig, ConnStats};
 use hearth_server::scripted::{Cuts, Script};
 use hearth_server::stream::StreamConfig;

@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use hearth_engine::Backend;
 use hearth_server::ServerConfig;
 use serde_json::{json, Value};
 
