@@ -56,6 +56,19 @@ impl Server {
     /// `hearth serve MODEL args...` (through `sh -c` when `prefix` sets up the shell, e.g. a
     /// `ulimit`), once `/health` answers.
     fn start(model: &str, args: &[&str], prefix: &str, env: &[(&str, &str)]) -> Server {
+        let s = Server::spawn(model, args, prefix, env, Stdio::inherit());
+        s.wait_health(200);
+        s
+    }
+
+    /// `hearth serve MODEL args...` with its stderr going to `stderr`, once it listens.
+    fn spawn(
+        model: &str,
+        args: &[&str],
+        prefix: &str,
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> Server {
         let port = free_port();
         let mut cmd = format!(
             "{prefix} exec '{}' serve '{model}' --port {port} -c 512 --parallel 2 -t 2",
@@ -68,19 +81,27 @@ impl Server {
             .args(["-c", &cmd])
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .unwrap();
-        let s = Server { child, port };
+        port_or_wait(port);
+        Server { child, port }
+    }
+
+    /// Waits until `/health` answers `status` (200: ready; 503 after loading: unhealthy).
+    fn wait_health(&self, status: u16) -> String {
         let t0 = Instant::now();
-        while request(port_or_wait(port), "GET", "/health", "").0 != 200 {
+        loop {
+            let (got, body) = request(self.port, "GET", "/health", "");
+            if got == status && !body.contains("loading") {
+                return body;
+            }
             assert!(
                 t0.elapsed() < Duration::from_secs(60),
-                "the server did not become healthy"
+                "/health did not turn {status}: {got} {body}"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        s
     }
 
     /// Peak resident memory of the server process (kB), from /proc.
@@ -231,21 +252,164 @@ fn an_idle_connection_is_closed_after_the_header_timeout() {
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
 }
 
+/// Every engine failpoint through the real server: the affected request fails with a clear 500
+/// (or, streamed, an error frame after the tokens already sent), the next request is served,
+/// `/health` stays 200 and no sequence stays active.
 #[test]
-fn a_panicking_engine_step_fails_one_request_and_the_server_goes_on() {
-    let server = Server::start(
-        &shared("fixtures/tiny-qwen3moe.q4_k_m.gguf"),
+fn each_failpoint_fails_one_request_and_the_server_goes_on() {
+    const STREAM: &str =
+        r#"{"prompt":"Once upon a time","max_tokens":4,"temperature":0,"stream":true}"#;
+    for (fp, body, want) in [
+        (
+            "engine::step=1*panic(injected)",
+            COMPLETION,
+            "internal error: injected",
+        ),
+        (
+            "pool::task=1*panic(injected task)",
+            COMPLETION,
+            "injected task",
+        ),
+        (
+            "kv::alloc=1*return",
+            COMPLETION,
+            "KV cache could not be allocated",
+        ),
+        (
+            "kv::alloc=1*panic(injected admission)",
+            COMPLETION,
+            "aborted",
+        ),
+        // The second step (the first decode) fails: the stream has its first token, then the error.
+        (
+            "engine::step=1*off->1*panic(injected)",
+            STREAM,
+            "internal error: injected",
+        ),
+    ] {
+        let server = Server::start(
+            &shared("fixtures/tiny-qwen3moe.q4_k_m.gguf"),
+            &[],
+            "",
+            &[("FAILPOINTS", fp)],
+        );
+        let t0 = Instant::now();
+        let (status, text) = request(server.port, "POST", "/v1/completions", body);
+        assert!(t0.elapsed() < Duration::from_secs(30), "{fp}: no hang");
+        if body == STREAM {
+            assert_eq!(status, 200, "{fp}: {text}");
+            let data: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .collect();
+            assert!(data.len() >= 2, "{fp}: a token, then the error: {text}");
+            assert!(data[0].contains("\"text\""), "{fp}: {text}");
+            assert!(data.last().unwrap().contains(want), "{fp}: {text}");
+            assert!(!text.contains("[DONE]"), "{fp}: {text}");
+        } else {
+            assert_eq!(status, 500, "{fp}: {text}");
+            assert!(text.contains(want), "{fp}: {text}");
+        }
+        let (status, text) = request(server.port, "POST", "/v1/completions", COMPLETION);
+        assert_eq!(status, 200, "{fp}: the next request is served: {text}");
+        assert_eq!(request(server.port, "GET", "/health", "").0, 200, "{fp}");
+        assert_eq!(server.metric("hearth_active_sequences"), 0.0, "{fp}");
+    }
+}
+
+/// Every disk-cache write fails: requests are served from memory all the same, nothing is left
+/// in the cache directory, and a shutdown (which writes the cache out) still ends promptly.
+#[test]
+fn failing_disk_cache_writes_cost_the_cache_not_the_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("kv");
+    let log = dir.path().join("stderr.log");
+    let mut server = Server::spawn(
+        &shared("fixtures/tiny-qwen3.q4_0.gguf"),
+        &[
+            "--cache-dir",
+            cache.to_str().unwrap(),
+            "--cache-disk",
+            "64M",
+        ],
+        "",
+        &[("FAILPOINTS", "cache::write=return")],
+        Stdio::from(std::fs::File::create(&log).unwrap()),
+    );
+    server.wait_health(200);
+    // Two full KV blocks of prompt, so finished sequences hand blocks to the disk tier.
+    let long = format!(
+        r#"{{"prompt":"{}","max_tokens":4,"temperature":0}}"#,
+        "Beautiful is better than ugly. ".repeat(24)
+    );
+    for _ in 0..2 {
+        let (status, text) = request(server.port, "POST", "/v1/completions", &long);
+        assert_eq!(status, 200, "{text}");
+    }
+    assert_eq!(server.metric("hearth_active_sequences"), 0.0);
+    let t0 = Instant::now();
+    // SAFETY: kill(2) on the child's pid, which this test owns and has not reaped.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    let status = loop {
+        if let Some(st) = server.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the server did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        stderr.contains("failpoint cache::write"),
+        "the writes were attempted and failed: {stderr}"
+    );
+    let blocks = walk(&cache)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "blk" || e == "tmp"))
+        .count();
+    assert_eq!(blocks, 0, "no block file (or temporary) is left");
+}
+
+/// Files under `dir`, recursively.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// An engine thread that dies (a panic outside any one request's step): `/health` turns 503 with
+/// the reason and generating requests get 503, while the server itself keeps answering.
+#[test]
+fn a_dead_engine_makes_health_and_requests_503() {
+    let server = Server::spawn(
+        &shared("fixtures/tiny-qwen3.q4_0.gguf"),
         &[],
         "",
-        &[("FAILPOINTS", "engine::step=1*panic(injected)")],
+        &[("FAILPOINTS", "engine::loop=panic(injected engine death)")],
+        Stdio::inherit(),
     );
-    let (status, body) = request(server.port, "POST", "/v1/completions", COMPLETION);
-    assert_eq!(status, 500, "{body}");
-    assert!(body.contains("internal error"), "{body}");
-    let (status, body) = request(server.port, "POST", "/v1/completions", COMPLETION);
-    assert_eq!(status, 200, "the next request is served: {body}");
-    assert_eq!(request(server.port, "GET", "/health", "").0, 200);
-    assert_eq!(server.metric("hearth_active_sequences"), 0.0);
+    let body = server.wait_health(503);
+    assert!(body.contains("injected engine death"), "{body}");
+    assert!(body.contains("\"error\""), "{body}");
+    for (path, body) in [
+        ("/v1/completions", COMPLETION),
+        ("/v1/chat/completions", CHAT),
+    ] {
+        let (status, text) = request(server.port, "POST", path, body);
+        assert_eq!(status, 503, "{path}: {text}");
+        assert!(text.contains("cannot serve"), "{path}: {text}");
+    }
+    assert_eq!(request(server.port, "GET", "/v1/models", "").0, 200);
 }
 
 #[test]

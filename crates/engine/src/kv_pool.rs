@@ -308,6 +308,44 @@ impl BlockPool {
         self.meta[b as usize].refs
     }
 
+    /// Makes the refcounts agree with the sequences' block tables again, after a panic left a
+    /// change half done (blocks taken for a request that never got its slot, a block retained
+    /// for a copy that did not happen): a block no table holds becomes cached when it is indexed
+    /// (cached blocks keep their place in the LRU), free otherwise; a held one is neither.
+    pub fn reconcile(&mut self, tables: &[&[u32]]) {
+        let mut held = vec![0u32; self.meta.len()];
+        for t in tables {
+            for &b in *t {
+                if let Some(h) = held.get_mut(b as usize) {
+                    *h += 1;
+                }
+            }
+        }
+        let old = std::mem::take(&mut self.lru);
+        for (tick, b) in old {
+            let m = &self.meta[b as usize];
+            if held[b as usize] == 0 && m.indexed && m.tick == tick {
+                self.lru.insert(tick, b);
+            }
+        }
+        self.free.clear();
+        // Popped from the end: low ids first, as in a new pool.
+        for b in (0..self.meta.len()).rev() {
+            let m = &mut self.meta[b];
+            m.refs = held[b];
+            if m.refs > 0 {
+                continue;
+            }
+            if !m.indexed {
+                self.free.push(b as u32);
+            } else if self.lru.get(&m.tick) != Some(&(b as u32)) {
+                self.tick += 1;
+                m.tick = self.tick;
+                self.lru.insert(self.tick, b as u32);
+            }
+        }
+    }
+
     /// Checks the pool's invariants against the sequences' block tables: every block in exactly
     /// one state, refcounts equal to the number of table entries, the indexes consistent.
     pub fn check(&self, tables: &[&[u32]]) -> Result<(), String> {
@@ -459,5 +497,44 @@ mod tests {
         }
         p.check(&[]).unwrap();
         assert_eq!(p.available(), 24);
+    }
+
+    #[test]
+    fn reconcile_gives_back_what_a_panic_left_held() {
+        // Two sequences share a cached head; a third "admission" takes blocks and a retain and
+        // never records them in a table (as a panic half way through admitting leaves them).
+        let mut p = BlockPool::new(12);
+        let t = toks(1, 3 * BLOCK + 5);
+        let h = chain_all(&t);
+        let mut a = Vec::new();
+        for i in 0..4 {
+            a.push(p.alloc().unwrap().0);
+            if i < 3 {
+                let parent = if i == 0 { 0 } else { h[i - 1] };
+                p.register_full(a[i], parent, h[i], &t[i * BLOCK..(i + 1) * BLOCK]);
+            }
+        }
+        p.release(&a);
+        let m = p.lookup(&t, &h, t.len());
+        assert_eq!(m.full.len(), 3);
+        let b: Vec<u32> = m.full[..2].iter().map(|f| f.0).collect();
+        b.iter().for_each(|&x| p.retain(x));
+        // The lost admission.
+        p.retain(m.full[2].0);
+        let lost = [p.alloc().unwrap().0, p.alloc().unwrap().0];
+        assert!(
+            p.check(&[&b[..]]).is_err(),
+            "the pool disagrees with the tables"
+        );
+        p.reconcile(&[&b[..]]);
+        p.check(&[&b[..]]).unwrap();
+        // The lost blocks are back (two free, the third cached again), the shared head still held
+        // and the whole prefix still found.
+        assert_eq!(p.available(), 12 - 2);
+        assert!(lost.iter().all(|&x| p.refs(x) == 0));
+        assert_eq!(p.lookup(&t, &h, t.len()).full.len(), 3);
+        p.release(&b);
+        p.check(&[]).unwrap();
+        assert_eq!(p.available(), 12);
     }
 }

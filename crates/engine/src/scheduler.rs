@@ -139,13 +139,14 @@ impl Scheduler {
                     // The engine cannot go on: refuse new requests and fail the waiting ones.
                     let why = format!("the engine stopped: {}", panic_message(&*panic));
                     tracing::error!("{why}");
-                    *sh.dead.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
-                    let waiting: Vec<Sequence> = sh
-                        .queue
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .drain(..)
-                        .collect();
+                    // Marked dead under the queue's lock, which `submit` holds from its own check
+                    // to its push: a request is either refused or in the queue drained here,
+                    // never queued after the drain with nothing left to run it.
+                    let waiting: Vec<Sequence> = {
+                        let mut q = sh.queue.lock().unwrap_or_else(|e| e.into_inner());
+                        *sh.dead.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+                        q.drain(..).collect()
+                    };
                     for mut seq in waiting {
                         seq.fail(why.clone());
                     }
@@ -179,14 +180,17 @@ impl Backend for Scheduler {
 
     fn submit(&self, req: Request, sink: Sink) -> Result<(), SubmitError> {
         let sh = &self.shared;
+        check_request(&req, sh.cfg.n_ctx, sh.info.n_vocab)?;
+        // Both checks under the queue's lock: the engine thread takes it to mark itself dead and
+        // drain the queue, and to see an empty queue at shutdown before it exits, so a request
+        // racing either is refused here rather than queued where nothing will run it.
+        let mut q = sh.queue.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = sh.dead() {
             return Err(SubmitError::Unavailable(why));
         }
         if sh.shutdown.load(Ordering::Acquire) {
             return Err(SubmitError::ShuttingDown);
         }
-        check_request(&req, sh.cfg.n_ctx, sh.info.n_vocab)?;
-        let mut q = sh.queue.lock().unwrap_or_else(|e| e.into_inner());
         if q.len() >= sh.cfg.queue {
             return Err(SubmitError::QueueFull { queued: q.len() });
         }
@@ -367,7 +371,15 @@ impl<'a> Engine<'a> {
 
     fn run(mut self) {
         loop {
-            self.admit();
+            // Outside the per-request containment below: a panic here is the engine itself
+            // failing (tests use it to kill the engine thread).
+            fail::fail_point!("engine::loop");
+            // A panic while admitting fails that request alone (its sequence, dropped on the way
+            // out, sends an error); blocks it had taken are given back by the recount.
+            if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| self.admit())) {
+                tracing::error!("admitting a request failed: {}", panic_message(&*panic));
+                self.recover();
+            }
             if self.slots.iter().all(|s| s.active.is_none()) {
                 let q = self.sh.queue.lock().unwrap_or_else(|e| e.into_inner());
                 if q.is_empty() {
@@ -405,8 +417,26 @@ impl<'a> Engine<'a> {
                     }
                     self.retire(i, false);
                 }
+                self.recover();
             }
         }
+    }
+
+    /// After a panic: slots without a sequence hold nothing, and the pool's refcounts are
+    /// recounted from the slots' block tables, so blocks taken by a change the panic cut short
+    /// (an admission, a block added in `grow`) are not lost to the pool.
+    fn recover(&mut self) {
+        for i in 0..self.slots.len() {
+            if self.slots[i].active.is_none() {
+                self.kv.table_mut(i).clear();
+                self.slots[i].tokens.clear();
+                self.slots[i].hashes.clear();
+            }
+        }
+        let tables: Vec<&[u32]> = (0..self.slots.len()).map(|i| self.kv.table(i)).collect();
+        self.blocks.reconcile(&tables);
+        let mut st = self.sh.stats.lock().unwrap_or_else(|e| e.into_inner());
+        self.publish(&mut st);
     }
 
     /// Lets go of a slot's blocks. With `cache`, its blocks stay in the pool as prefix cache

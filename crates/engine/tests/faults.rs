@@ -1,7 +1,9 @@
 //! Faults inside the engine, injected with failpoints (the `fail` crate): a panicking thread-pool
-//! task, a panicking engine step, a KV allocation that fails. Each fails the requests it hits with
-//! an error event, the next request is served, nothing stays counted in flight, and the engine
-//! stays healthy.
+//! task, a panicking engine step, a KV allocation that fails or panics during admission. Each
+//! fails the requests it hits with an error event, the next request is served, nothing stays
+//! counted in flight, no KV block is lost, and the engine stays healthy. An engine thread that
+//! dies is reported by `health`, and requests racing its death are refused or failed, never left
+//! waiting.
 //!
 //! The failpoint registry is global, so every scenario runs inside one `FailScenario` (which also
 //! serialises them).
@@ -13,6 +15,7 @@ use std::time::Duration;
 
 use hearth_engine::{
     Backend, Event, FinishReason, ModelInfo, Request, SamplerConfig, Scheduler, SchedulerConfig,
+    SubmitError,
 };
 use hearth_model::{KvType, Model};
 use hearth_tokenizer::Tokenizer;
@@ -77,7 +80,9 @@ fn run(s: &Scheduler, r: Request) -> (Vec<u32>, Event) {
 fn assert_clean(s: &Scheduler) {
     // The in-flight count drops before the last event is sent.
     assert_eq!(s.in_flight(), 0, "no sequence is left counted");
-    assert_eq!(s.stats().active, 0);
+    let st = s.stats();
+    assert_eq!(st.active, 0);
+    assert_eq!(st.kv_held_blocks, 0, "no KV block is left held");
     assert!(s.health().is_ok(), "the engine stays healthy");
 }
 
@@ -92,6 +97,8 @@ fn injected_faults_fail_one_request_and_the_next_is_served() {
         ("pool::task", "1*panic(injected task panic)"),
         ("engine::step", "1*panic(injected step panic)"),
         ("kv::alloc", "1*return"),
+        // A panic while the request is being admitted (its blocks half taken).
+        ("kv::alloc", "1*panic(injected admission panic)"),
     ] {
         fail::cfg(point, action).unwrap();
         let (_, end) = run(&s, request(&tok, "Beautiful is better than ugly."));
@@ -142,5 +149,58 @@ fn injected_faults_fail_one_request_and_the_next_is_served() {
     assert_clean(&s);
     let (_, done) = run(&s, request(&tok, "Readability counts."));
     assert!(matches!(done, Event::Done { .. }), "{done:?}");
+    scenario.teardown();
+}
+
+#[test]
+fn a_dead_engine_is_unhealthy_and_requests_racing_its_death_do_not_hang() {
+    let scenario = fail::FailScenario::setup();
+    let s = start();
+    let tok = s.tokenizer().clone();
+    let (_, done) = run(&s, request(&tok, "Errors should never pass silently."));
+    assert!(matches!(done, Event::Done { .. }), "{done:?}");
+    // Clients keep submitting while the engine thread dies: each request is refused, or accepted
+    // and then ended (served, or failed by the death); none is left waiting.
+    let submitters: Vec<_> = (0..4)
+        .map(|k| {
+            let s = s.clone();
+            let tok = tok.clone();
+            std::thread::spawn(move || {
+                let mut ended = 0;
+                loop {
+                    let (tx, rx) = mpsc::channel();
+                    let r = request(&tok, &format!("Now is better than never. {k}"));
+                    match s.submit(r, Box::new(move |e| tx.send(e).is_ok())) {
+                        Err(SubmitError::Unavailable(why)) => return (ended, why),
+                        Err(e) => panic!("refused for another reason: {e}"),
+                        Ok(()) => loop {
+                            match rx.recv_timeout(Duration::from_secs(30)) {
+                                Ok(Event::Token { .. }) => {}
+                                Ok(_) => break,
+                                Err(_) => panic!("an accepted request hangs"),
+                            }
+                        },
+                    }
+                    ended += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    fail::cfg("engine::loop", "panic(injected engine death)").unwrap();
+    for t in submitters {
+        let (_, why) = t.join().expect("a submitter panicked");
+        assert!(why.contains("injected engine death"), "{why}");
+    }
+    let err = s.health().expect_err("a dead engine is unhealthy");
+    assert!(err.contains("injected engine death"), "{err}");
+    assert_eq!(s.in_flight(), 0, "nothing is left counted");
+    let (tx, _rx) = mpsc::channel();
+    let r = s.submit(
+        request(&tok, "Special cases aren't special enough."),
+        Box::new(move |e| tx.send(e).is_ok()),
+    );
+    assert!(matches!(r, Err(SubmitError::Unavailable(_))), "{r:?}");
+    fail::remove("engine::loop");
     scenario.teardown();
 }

@@ -6,6 +6,9 @@
 //! - **Idle timeout**: a keep-alive connection with no request for `idle_timeout` is closed.
 //! - **Body timeout**: a request body that stalls for `body_timeout` between chunks fails the
 //!   request (408).
+//! - **Write timeout**: a connection whose socket has not taken a byte for `write_timeout` (the
+//!   client stopped reading) is closed; that drops the response body it was writing, which
+//!   cancels the request's sequence.
 //! - **Connection limit**: at most `max_connections` sockets are held, below the process's file
 //!   limit so `accept` itself never runs out of descriptors. At the limit the longest-idle
 //!   connection (no request in flight) is closed to make room; only when every connection is busy
@@ -14,7 +17,9 @@
 //!   connections close, and requests in flight finish; [`serve`] returns when the last connection
 //!   has closed (the caller bounds the wait).
 //!
-//! Streamed replies have their own write timeout (see [`crate::stream`]).
+//! Streamed replies also time out one level up, when their frames stop leaving (see
+//! [`crate::stream`]); the socket-level timeout here covers what is already in hyper's buffers,
+//! whole replies, and frees the connection itself.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -45,6 +50,8 @@ pub struct ConnConfig {
     pub idle_timeout: Duration,
     /// Longest a request body may stall between chunks.
     pub body_timeout: Duration,
+    /// Longest a write to the socket may wait for the client to read.
+    pub write_timeout: Duration,
     /// Most open connections.
     pub max_connections: usize,
 }
@@ -55,6 +62,7 @@ impl Default for ConnConfig {
             header_timeout: Duration::from_secs(20),
             idle_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(60),
             max_connections: default_max_connections(),
         }
     }
@@ -113,6 +121,9 @@ struct ConnState {
     close: Notify,
     /// It has been asked to close (to make room) and will go soon: not a victim again.
     closing: AtomicBool,
+    /// Since when a write has been waiting for the socket to take bytes, ms since `base` + 1
+    /// (0: not waiting).
+    write_blocked: AtomicU64,
 }
 
 impl ConnState {
@@ -125,6 +136,7 @@ impl ConnState {
             served: AtomicUsize::new(0),
             close: Notify::new(),
             closing: AtomicBool::new(false),
+            write_blocked: AtomicU64::new(0),
         }
     }
 
@@ -140,10 +152,15 @@ impl ConnState {
 
     /// Why the watchdog should close it now, if it should.
     fn expired(&self, cfg: &ConnConfig) -> Option<&'static str> {
+        let now = ms_since(self.base);
+        let blocked = self.write_blocked.load(Ordering::Acquire);
+        if blocked > 0 && Duration::from_millis(now.saturating_sub(blocked - 1)) > cfg.write_timeout
+        {
+            return Some("the client stopped reading");
+        }
         if !self.is_idle() {
             return None;
         }
-        let now = ms_since(self.base);
         let head = self.head_started.load(Ordering::Acquire);
         if head > 0 {
             let started = Duration::from_millis(now.saturating_sub(head - 1));
@@ -205,7 +222,16 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        let blocked = &self.state.write_blocked;
+        if r.is_pending() {
+            if blocked.load(Ordering::Acquire) == 0 {
+                blocked.store(ms_since(self.state.base) + 1, Ordering::Release);
+            }
+        } else {
+            blocked.store(0, Ordering::Release);
+        }
+        r
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

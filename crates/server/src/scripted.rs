@@ -53,6 +53,9 @@ pub struct Script {
     pub finish: FinishReason,
     /// Pause between events (to keep streams open in concurrency tests).
     pub delay: Duration,
+    /// Fail after this many pieces with an [`Event::Error`], as a failed engine step does
+    /// (`None`: no failure).
+    pub fail_after: Option<usize>,
 }
 
 impl Script {
@@ -63,6 +66,7 @@ impl Script {
             cuts: Cuts::Tokens,
             finish: FinishReason::Stop,
             delay: Duration::ZERO,
+            fail_after: None,
         }
     }
 }
@@ -317,7 +321,11 @@ impl Backend for ScriptedBackend {
         let mut seq =
             Sequence::new(request, sink, self.info.n_ctx).with_ticket(Ticket::new(&self.in_flight));
         std::thread::spawn(move || {
-            for (id, p) in &pieces {
+            for (k, (id, p)) in pieces.iter().enumerate() {
+                if script.fail_after == Some(k) {
+                    seq.fail(format!("internal error: scripted failure after {k} pieces"));
+                    return;
+                }
                 let id = *id;
                 if !script.delay.is_zero() {
                     std::thread::sleep(script.delay);

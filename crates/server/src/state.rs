@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use hearth_constrain::Constrainer;
 use hearth_engine::{Backend, ChatEncoder, ModelInfo};
-use hearth_tokenizer::template::{ChatInput, ChatTemplate};
+use hearth_tokenizer::template::{ChatInput, ChatTemplate, TemplateError};
 use hearth_tokenizer::Tokenizer;
 
 use crate::error::ApiError;
@@ -70,10 +70,13 @@ impl Loaded {
 
     /// Renders a conversation through the chat template (message strings escaped so their text
     /// never becomes control tokens). A template that refuses the conversation is a 400 naming
-    /// why; one that ran out of memory or time (the template's fault, whatever the request) a 500.
+    /// why; one that ran out of memory or time (the template's fault, whatever the request) a 500;
+    /// one that found every render worker busy for a render's time limit a 503.
     pub fn render_chat(&self, input: &ChatInput) -> Result<String, ApiError> {
         self.encoder.render(&self.template, input).map_err(|e| {
-            if e.is_resource() {
+            if matches!(e, TemplateError::Busy { .. }) {
+                ApiError::unavailable(e.to_string())
+            } else if e.is_resource() {
                 tracing::error!("chat template failed: {e}");
                 ApiError::internal(e.to_string())
             } else {

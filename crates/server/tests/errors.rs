@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use hearth_engine::Backend;
 use hearth_server::ServerConfig;
 use serde_json::{json, Value};
 
@@ -473,4 +474,120 @@ async fn unknown_path_is_404_in_its_api_shape() {
     let r = send(s.app(), "GET", "/api/nothing", "", &[]).await;
     assert_ollama(&r, 404, "/api/nothing");
     let _: Value = r.json();
+}
+
+/// An engine error after a few tokens (a failed step) in each API's shape: a 500 error body when
+/// the reply is whole; in a stream, the deltas already sent, then the API's error frame and none
+/// of its closing frames. The sequence is not left counted.
+#[tokio::test]
+async fn engine_errors_in_each_api_shape_whole_and_streamed() {
+    let mut script = hearth_server::scripted::Script::new("one two three four five six");
+    script.cuts = hearth_server::scripted::Cuts::Chars(4);
+    script.fail_after = Some(3);
+    let s = setup_with(script, Tpl::Fixture, ServerConfig::default(), 512);
+    let msgs: Value = serde_json::from_str(MSG).unwrap();
+    const NEEDLE: &str = "scripted failure after 3 pieces";
+    let with = |mut v: Value, stream: bool| {
+        v["stream"] = json!(stream);
+        v
+    };
+    let chat = json!({"messages": msgs, "max_tokens": 50});
+    let prompt = json!({"prompt": "hi", "max_tokens": 50});
+    let input = json!({"input": "hi", "max_output_tokens": 50});
+
+    // Whole replies.
+    for (path, body) in [
+        ("/v1/chat/completions", &chat),
+        ("/v1/completions", &prompt),
+    ] {
+        let r = post(s.app(), path, &with(body.clone(), false)).await;
+        assert_openai(&r, 500, NEEDLE);
+        assert_eq!(r.json()["error"]["type"], "server_error", "{path}");
+    }
+    let r = post(s.app(), "/v1/responses", &with(input.clone(), false)).await;
+    assert_openai(&r, 500, NEEDLE);
+    let r = post(s.app(), "/v1/messages", &with(chat.clone(), false)).await;
+    assert_anthropic(&r, 500, "api_error", NEEDLE);
+    for (path, body) in [("/api/chat", &chat), ("/api/generate", &prompt)] {
+        let r = post(s.app(), path, &with(body.clone(), false)).await;
+        assert_ollama(&r, 500, NEEDLE);
+    }
+    assert_eq!(s.backend.stats().active, 0);
+
+    // Streamed: OpenAI chat and completions end with an error frame and no `[DONE]`.
+    for (path, body) in [
+        ("/v1/chat/completions", &chat),
+        ("/v1/completions", &prompt),
+    ] {
+        let r = post(s.app(), path, &with(body.clone(), true)).await;
+        assert_eq!(r.status, 200, "{path}: the stream had started");
+        let frames = sse_frames(&r.text());
+        assert!(
+            frames.len() >= 2,
+            "{path}: deltas before the error: {frames:?}"
+        );
+        assert!(
+            frames.iter().all(|(_, d)| d != "[DONE]"),
+            "{path}: {frames:?}"
+        );
+        let last: Value = serde_json::from_str(&frames.last().unwrap().1).unwrap();
+        assert!(
+            last["error"]["message"].as_str().unwrap().contains(NEEDLE),
+            "{path}: {last}"
+        );
+        assert_eq!(last["error"]["type"], "server_error", "{path}");
+        let first: Value = serde_json::from_str(&frames[0].1).unwrap();
+        assert!(first.get("error").is_none(), "{path}: {first}");
+    }
+    // Responses: `response.failed` last, carrying the message.
+    let r = post(s.app(), "/v1/responses", &with(input.clone(), true)).await;
+    assert_eq!(r.status, 200);
+    let frames = sse_frames(&r.text());
+    let (ev, data) = frames.last().unwrap();
+    assert_eq!(ev.as_deref(), Some("response.failed"), "{frames:?}");
+    let last: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(last["response"]["status"], "failed");
+    assert!(last["response"]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains(NEEDLE));
+    assert!(frames
+        .iter()
+        .any(|(e, _)| e.as_deref() == Some("response.output_text.delta")));
+    assert!(frames
+        .iter()
+        .all(|(e, _)| e.as_deref() != Some("response.completed")));
+    // Anthropic: an `error` event with the error body, after the deltas; no `message_stop`.
+    let r = post(s.app(), "/v1/messages", &with(chat.clone(), true)).await;
+    assert_eq!(r.status, 200);
+    let frames = sse_frames(&r.text());
+    let (ev, data) = frames.last().unwrap();
+    assert_eq!(ev.as_deref(), Some("error"), "{frames:?}");
+    let last: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(last["type"], "error");
+    assert_eq!(last["error"]["type"], "api_error");
+    assert!(last["error"]["message"].as_str().unwrap().contains(NEEDLE));
+    assert!(frames
+        .iter()
+        .any(|(e, _)| e.as_deref() == Some("content_block_delta")));
+    assert!(frames
+        .iter()
+        .all(|(e, _)| e.as_deref() != Some("message_stop")));
+    // Ollama: a last NDJSON line `{"error": ...}`, and no line with `done: true`.
+    for (path, body) in [("/api/chat", &chat), ("/api/generate", &prompt)] {
+        let r = post(s.app(), path, &with(body.clone(), true)).await;
+        assert_eq!(r.status, 200, "{path}");
+        let lines = ndjson_lines(&r.text());
+        assert!(lines.len() >= 2, "{path}: {lines:?}");
+        let last = lines.last().unwrap();
+        assert!(
+            last["error"].as_str().unwrap().contains(NEEDLE),
+            "{path}: {last}"
+        );
+        assert!(
+            lines.iter().all(|l| l["done"] != json!(true)),
+            "{path}: {lines:?}"
+        );
+    }
+    assert_eq!(s.backend.stats().active, 0);
 }

@@ -156,6 +156,13 @@ pub enum TemplateError {
     /// A render worker could not be started or answered nonsense.
     #[error("{0}")]
     Worker(String),
+    /// Every render worker stayed busy for as long as a render may take: the request waited
+    /// its turn that long and gives up (retry later).
+    #[error("every chat template worker was busy for {seconds} s; retry later")]
+    Busy {
+        /// How long it waited.
+        seconds: f64,
+    },
 }
 
 impl TemplateError {

@@ -285,3 +285,46 @@ fn templates_are_shareable_across_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<ChatTemplate>();
 }
+
+/// Renders queued behind busy workers wait at most one render's time limit: with one worker that
+/// never answers (a stand-in that sleeps) and three renders at once, each ends within about two
+/// time limits, the one rendering with `Timeout` and those that never got the worker with `Busy`.
+#[cfg(unix)]
+#[test]
+fn renders_waiting_for_a_busy_worker_give_up() {
+    use hearth_tokenizer::template::isolated::WorkerCommand;
+    use std::sync::Arc;
+    let mut cmd = WorkerCommand::new("sh".into(), vec!["-c".into(), "exec sleep 30".into()]);
+    cmd.timeout = Duration::from_millis(800);
+    cmd.max_workers = 1;
+    let t = Arc::new(
+        ChatTemplate::new("{{ messages[0].content }}")
+            .unwrap()
+            .isolate(cmd),
+    );
+    let start = Instant::now();
+    let results: Vec<_> = (0..3)
+        .map(|_| {
+            let t = t.clone();
+            std::thread::spawn(move || t.render(&conversation()))
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        start.elapsed()
+    );
+    let busy = results
+        .iter()
+        .filter(|r| matches!(r, Err(TemplateError::Busy { .. })))
+        .count();
+    let timed_out = results
+        .iter()
+        .filter(|r| matches!(r, Err(TemplateError::Timeout { .. })))
+        .count();
+    assert!(busy >= 1 && timed_out >= 1, "{results:?}");
+    assert_eq!(busy + timed_out, 3, "{results:?}");
+}

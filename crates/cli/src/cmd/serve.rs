@@ -69,7 +69,8 @@ pub struct Args {
     /// Seconds a request body may stall before the request fails (408).
     #[arg(long, default_value_t = 30)]
     body_timeout: u64,
-    /// Seconds a streamed reply may wait for a client that stopped reading before it is cancelled.
+    /// Seconds a reply may wait for a client that stopped reading before the connection is closed
+    /// (a streamed reply is cancelled, freeing its sequence).
     #[arg(long, default_value_t = 60)]
     write_timeout: u64,
     /// Most open connections (default: 512, or fewer to stay below the open-file limit); at the
@@ -331,6 +332,7 @@ pub fn run(args: Args) -> Result<()> {
         header_timeout: positive("header-timeout", args.header_timeout)?,
         idle_timeout: positive("idle-timeout", args.idle_timeout)?,
         body_timeout: positive("body-timeout", args.body_timeout)?,
+        write_timeout: positive("write-timeout", args.write_timeout)?,
         max_connections: match args.max_connections {
             Some(0) => anyhow::bail!("--max-connections must be at least 1"),
             Some(n) => {

@@ -426,8 +426,11 @@ impl Workers {
         result
     }
 
-    /// An idle worker (`None`: start one), waiting while `max_workers` are busy.
+    /// An idle worker (`None`: start one), waiting while `max_workers` are busy, at most as long
+    /// as one render may take: renders queued behind slow templates give up ([`TemplateError::Busy`])
+    /// rather than pile up on the blocking pool.
     fn take(&self) -> Result<Option<Worker>, TemplateError> {
+        let deadline = Instant::now() + self.cmd.timeout;
         let mut g = self
             .idle
             .lock()
@@ -441,10 +444,17 @@ impl Workers {
                 g.1 += 1;
                 return Ok(None);
             }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(TemplateError::Busy {
+                    seconds: self.cmd.timeout.as_secs_f64(),
+                });
+            }
             g = self
                 .freed
-                .wait(g)
-                .map_err(|_| TemplateError::Worker("the worker pool is poisoned".into()))?;
+                .wait_timeout(g, left)
+                .map_err(|_| TemplateError::Worker("the worker pool is poisoned".into()))?
+                .0;
         }
     }
 
