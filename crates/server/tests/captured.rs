@@ -163,7 +163,13 @@ fn responses_stream(body: &str) -> Seen {
 
 #[tokio::test]
 async fn every_captured_client_request_is_served_with_its_tool_call() {
-    let s = setup("", Tpl::Qwen3);
+    // Codex's and Claude Code's prompts run past the default test context.
+    let s = setup_with(
+        hearth_server::scripted::Script::new(""),
+        Tpl::Qwen3,
+        hearth_server::ServerConfig::default(),
+        32768,
+    );
     for (file, tool) in FILES {
         let captured: Value =
             serde_json::from_str(&std::fs::read_to_string(format!("{DIR}{file}")).unwrap())

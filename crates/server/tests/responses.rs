@@ -508,7 +508,7 @@ async fn every_tool_choice_variant() {
         b
     };
     // What the model is offered, per choice: the prompt's tool list.
-    let mut prompt = |body: Value| {
+    let prompt = |body: Value| {
         let s = &s;
         async move {
             let r = post(s.app(), "/v1/responses", &body).await;
