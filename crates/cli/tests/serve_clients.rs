@@ -2,7 +2,9 @@
 //! crates/server/tests/py/test_clients.py runs against the real binary on a tiny fixture model, and
 //! again against the scripted backend for the reasoning and tool-call paths. Then SIGTERM while a
 //! reply streams: the reply finishes and the server exits 0. test_structured.py checks structured
-//! output (schemas, grammars, forced tool calls) on the tiny dense Qwen3 with the Qwen3 template.
+//! output (schemas, grammars, forced tool calls) on the tiny dense Qwen3 with the Qwen3 template, and
+//! test_tool_calls.py every tool-call case (XML and JSON calls, typed arguments, several calls, an
+//! unoffered tool, an unparseable or cut-off call) through each SDK, streamed and whole.
 //!
 //! Needs the clients: `.venv/bin/pip install -r requirements-test.txt` (HEARTH_PYTHON picks the
 //! interpreter; default the repository's .venv).
@@ -221,4 +223,14 @@ fn python_clients_structured_output() {
         &["--chat-template", &template],
     );
     server.pytest_file("test_structured.py", &[]);
+}
+
+#[test]
+fn python_clients_parse_every_tool_call_case() {
+    // One reply per case of crates/server/tests/py/test_tool_calls.py, on the real Qwen3
+    // vocabulary's token boundaries (the fixture's tokenizer) and the Qwen3 template.
+    let replies = format!("{ROOT}/crates/server/tests/py/tool_call_replies.txt");
+    let template = shared("templates/Qwen-Qwen3-0.6B.jinja");
+    let server = Server::start(&["--scripted", &replies, "--chat-template", &template]);
+    server.pytest_file("test_tool_calls.py", &[("HEARTH_SCRIPTED_TOOLS", "1")]);
 }

@@ -2,6 +2,12 @@
 //! `POST /api/show`, `GET /api/version`, `GET /api/ps`, and `GET /` / `HEAD /` which clients probe.
 //! Reasoning goes to `message.thinking` (`thinking` for generate); tool calls to
 //! `message.tool_calls` with arguments as objects, sent whole once complete.
+//!
+//! `keep_alive` (a number of seconds, or a Go duration such as `"5m"`; negative means forever) is
+//! checked and otherwise has no effect: the server serves one model, loaded at start and kept
+//! until it exits. Ollama's load and unload requests (`/api/generate` without a prompt, `/api/chat`
+//! with no messages) answer as Ollama does, `done_reason` `"load"`, or `"unload"` when
+//! `keep_alive` is 0, without generating; the model stays loaded either way.
 
 use std::time::Instant;
 
@@ -55,7 +61,8 @@ pub struct Options {
 pub struct ChatRequest {
     /// Echoed back.
     pub model: Option<String>,
-    /// The conversation.
+    /// The conversation; empty or absent is a load request.
+    #[serde(default)]
     pub messages: Vec<Value>,
     /// Stream NDJSON (default true).
     pub stream: Option<bool>,
@@ -67,6 +74,8 @@ pub struct ChatRequest {
     pub format: Option<Value>,
     /// Sampling options.
     pub options: Option<Options>,
+    /// How long the model should stay loaded (see the module docs).
+    pub keep_alive: Option<Value>,
 }
 
 /// The fields of `/api/generate` that Hearth reads.
@@ -88,6 +97,8 @@ pub struct GenerateRequest {
     pub format: Option<Value>,
     /// Sampling options.
     pub options: Option<Options>,
+    /// How long the model should stay loaded (see the module docs).
+    pub keep_alive: Option<Value>,
 }
 
 /// Ollama's `think`: a boolean, or a level (`"high"`...) that means on.
@@ -98,6 +109,60 @@ fn thinking(think: Option<&Value>) -> Result<Option<bool>, ApiError> {
         Some(Value::String(_)) => Ok(Some(true)),
         Some(_) => Err(ApiError::bad_request("`think` must be a boolean")),
     }
+}
+
+/// Whether `keep_alive` asks to unload (zero), after checking it is an Ollama duration: a number
+/// of seconds, or a Go duration string (`"5m"`, `"1h30m"`, `"-1s"`, `"0"`; Ollama's clients also
+/// send a number as a string, which is taken as seconds).
+fn unloads(keep_alive: Option<&Value>) -> Result<bool, ApiError> {
+    let bad = || {
+        ApiError::bad_request(
+            "`keep_alive` must be a number of seconds or a duration such as \"5m\"",
+        )
+    };
+    match keep_alive {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Number(n)) => Ok(n.as_f64() == Some(0.0)),
+        Some(Value::String(s)) => {
+            let s = s.trim();
+            if let Ok(secs) = s.parse::<f64>() {
+                return Ok(secs == 0.0);
+            }
+            go_duration_is_zero(s).ok_or_else(bad)
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+/// Parses a Go duration (`[-+]` then one or more `NUMBER UNIT`, units `ns us µs ms s m h`) and
+/// says whether it is zero; `None` if it is not one.
+fn go_duration_is_zero(s: &str) -> Option<bool> {
+    let mut rest = s.strip_prefix(['-', '+']).unwrap_or(s);
+    if rest.is_empty() {
+        return None;
+    }
+    let mut zero = true;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let value: f64 = rest[..num_len].parse().ok()?;
+        rest = &rest[num_len..];
+        let unit = ["ns", "us", "µs", "ms", "s", "m", "h"]
+            .into_iter()
+            .filter(|u| rest.starts_with(u))
+            .max_by_key(|u| u.len())?;
+        rest = &rest[unit.len()..];
+        zero &= value == 0.0;
+    }
+    Some(zero)
+}
+
+/// Ollama's answer to a load (or, with `keep_alive` 0, unload) request.
+fn load_reply(chat: bool, model: &str, unload: bool) -> Response {
+    let mut v = frame(chat, model, "", "", Vec::new(), true);
+    v["done_reason"] = if unload { "unload" } else { "load" }.into();
+    Json(v).into_response()
 }
 
 /// The generation fields of `options` (and `format`) applied to a request.
@@ -365,6 +430,11 @@ pub async fn chat(
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = fields::parse_body(body)?;
     let l = state.loaded()?;
+    let unload = unloads(req.keep_alive.as_ref())?;
+    if req.messages.is_empty() {
+        let model = req.model.unwrap_or_else(|| l.info().alias.clone());
+        return Ok(load_reply(true, &model, unload));
+    }
     let gen = GenRequest {
         thinking: thinking(req.think.as_ref())?,
         ..GenRequest::new(PromptInput::Chat {
@@ -379,7 +449,8 @@ pub async fn chat(
     respond(&state, true, req.stream.unwrap_or(true), replies, model).await
 }
 
-/// `POST /api/generate`. An empty prompt loads the model (a no-op here) and answers done.
+/// `POST /api/generate`. An empty prompt loads (or unloads) the model, a no-op here, and answers
+/// done.
 pub async fn generate(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
@@ -387,9 +458,10 @@ pub async fn generate(
     let req: GenerateRequest = fields::parse_body(body)?;
     let l = state.loaded()?;
     let model = req.model.clone().unwrap_or_else(|| l.info().alias.clone());
+    let unload = unloads(req.keep_alive.as_ref())?;
     let text = req.prompt.unwrap_or_default();
     if text.is_empty() {
-        return Ok(Json(json!({"model": model, "created_at": created_at(), "response": "", "done": true, "done_reason": "load"})).into_response());
+        return Ok(load_reply(false, &model, unload));
     }
     let gen = if req.raw.unwrap_or(false) {
         GenRequest {

@@ -88,6 +88,20 @@ pub struct ScriptedBackend {
     /// the handlers rendered (e.g. that consecutive turns of a recorded agent session share their
     /// prefix).
     prompts: Mutex<std::collections::VecDeque<Vec<u32>>>,
+    /// The settings of the last submission, so tests can check what a handler made of a wire
+    /// API's fields (`num_ctx`, `temperature`, ...).
+    last: Mutex<Option<Settings>>,
+}
+
+/// What a request asked of the engine besides its prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// Token budget of the reply.
+    pub max_tokens: Option<usize>,
+    /// Context of this request, when it asked for less than the server's.
+    pub n_ctx: Option<usize>,
+    /// Sampling.
+    pub sampler: hearth_engine::SamplerConfig,
 }
 
 /// How many submitted prompts [`ScriptedBackend::take_prompts`] keeps.
@@ -118,6 +132,7 @@ impl ScriptedBackend {
             generated: Arc::new(AtomicU64::new(0)),
             constrained: AtomicUsize::new(0),
             prompts: Mutex::new(std::collections::VecDeque::new()),
+            last: Mutex::new(None),
         }
     }
 
@@ -125,6 +140,11 @@ impl ScriptedBackend {
     pub fn take_prompts(&self) -> Vec<Vec<u32>> {
         let mut p = self.prompts.lock().unwrap_or_else(|e| e.into_inner());
         p.drain(..).collect()
+    }
+
+    /// The settings of the last request submitted.
+    pub fn last_settings(&self) -> Option<Settings> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// How many requests so far carried a grammar.
@@ -303,6 +323,11 @@ impl Backend for ScriptedBackend {
             }
             p.push_back(request.prompt.clone());
         }
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Settings {
+            max_tokens: request.max_tokens,
+            n_ctx: request.n_ctx,
+            sampler: request.sampler.clone(),
+        });
         let script = self.reply_for(&request.prompt);
         if let Some(g) = &request.constraint {
             self.constrained.fetch_add(1, Ordering::SeqCst);

@@ -202,3 +202,112 @@ async fn unknown_blocks_are_ignored_and_images_refused() {
         assert!(r.text().contains(kind), "{}", r.text());
     }
 }
+
+/// The rendered text of the last prompt submitted.
+fn last_prompt(s: &Setup) -> String {
+    use hearth_engine::Backend;
+    let p = s
+        .backend
+        .take_prompts()
+        .pop()
+        .expect("a prompt was submitted");
+    s.backend.tokenizer().decode(&p, true)
+}
+
+#[tokio::test]
+async fn thinking_disabled_turns_the_templates_thinking_off() {
+    let s = setup("answer", Tpl::Qwen3);
+    let ask = |thinking: Value| json!({"max_tokens": 50, "thinking": thinking, "messages": [{"role": "user", "content": "q"}]});
+    let r = post(s.app(), "/v1/messages", &ask(json!({"type": "disabled"}))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Qwen3's template closes an empty think block when `enable_thinking` is false.
+    let off = last_prompt(&s);
+    assert!(
+        off.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        "{off:?}"
+    );
+    assert_eq!(
+        r.json()["content"],
+        json!([{"type": "text", "text": "answer"}])
+    );
+    post(
+        s.app(),
+        "/v1/messages",
+        &ask(json!({"type": "enabled", "budget_tokens": 1024})),
+    )
+    .await;
+    let on = last_prompt(&s);
+    assert!(on.ends_with("<|im_start|>assistant\n"), "{on:?}");
+    // No `thinking` field: the template's default (on, for Qwen3).
+    let mut body = ask(Value::Null);
+    body.as_object_mut().unwrap().remove("thinking");
+    post(s.app(), "/v1/messages", &body).await;
+    assert_eq!(last_prompt(&s), on);
+    // count_tokens renders the same prompt.
+    let n_off = count(&s, ask(json!({"type": "disabled"}))).await;
+    let n_on = count(&s, ask(json!({"type": "enabled", "budget_tokens": 1024}))).await;
+    assert!(n_off > n_on, "{n_off} vs {n_on}");
+}
+
+#[tokio::test]
+async fn streamed_thinking_text_and_tool_use_events_in_order_without_signature_delta() {
+    let reply = "<think>\nplan\n</think>\n\nRunning it.\n<tool_call>\n{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>";
+    let s = setup(reply, Tpl::Qwen3);
+    let r = post(
+        s.app(),
+        "/v1/messages?beta=true",
+        &json!({"max_tokens": 200, "stream": true, "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "tools": [{"name": "Bash", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}],
+            "messages": [{"role": "user", "content": "q"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Each event with the kind of block or delta it carries; consecutive repeats folded.
+    let mut seen: Vec<String> = sse_frames(&r.text())
+        .into_iter()
+        .map(|(e, data)| {
+            let e = e.unwrap();
+            let v: Value = serde_json::from_str(&data).unwrap();
+            assert_eq!(v["type"], e.as_str(), "event name matches data type");
+            match e.as_str() {
+                "content_block_start" => {
+                    format!("{e} {}", v["content_block"]["type"].as_str().unwrap())
+                }
+                "content_block_delta" => format!("{e} {}", v["delta"]["type"].as_str().unwrap()),
+                _ => e,
+            }
+        })
+        .collect();
+    seen.dedup();
+    assert_eq!(
+        seen,
+        [
+            "message_start",
+            "content_block_start thinking",
+            "ping",
+            "content_block_delta thinking_delta",
+            "content_block_stop",
+            "content_block_start text",
+            "content_block_delta text_delta",
+            "content_block_stop",
+            "content_block_start tool_use",
+            "content_block_delta input_json_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ],
+        "Hearth sends no thinking signature, so no signature_delta"
+    );
+    // The whole reply's thinking block carries an empty signature, which the SDKs accept.
+    let r = post(
+        s.app(),
+        "/v1/messages",
+        &json!({"max_tokens": 200, "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "messages": [{"role": "user", "content": "q"}]}),
+    )
+    .await;
+    assert_eq!(
+        r.json()["content"][0],
+        json!({"type": "thinking", "thinking": "plan", "signature": ""})
+    );
+}

@@ -431,3 +431,197 @@ async fn the_servers_max_tokens_caps_every_api() {
     .await;
     assert_eq!(r.json()["usage"]["output_tokens"], 1);
 }
+
+/// The rendered text of the last prompt submitted.
+fn last_prompt(s: &Setup) -> String {
+    use hearth_engine::Backend;
+    let p = s
+        .backend
+        .take_prompts()
+        .pop()
+        .expect("a prompt was submitted");
+    s.backend.tokenizer().decode(&p, true)
+}
+
+#[tokio::test]
+async fn system_items_render_as_the_chat_system_message() {
+    let s = setup("ok", Tpl::Qwen3);
+    let items = json!([
+        {"type": "message", "role": "system", "content": [{"type": "input_text", "text": "Answer in French."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Salut."}]},
+        {"role": "system", "content": "Now in German."},
+        {"role": "user", "content": "again"}
+    ]);
+    let r = post(s.app(), "/v1/responses", &json!({"input": items})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let responses = last_prompt(&s);
+    let chat = post(
+        s.app(),
+        "/v1/chat/completions",
+        &json!({"messages": [
+            {"role": "system", "content": "Answer in French."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Salut."},
+            {"role": "system", "content": "Now in German."},
+            {"role": "user", "content": "again"}
+        ]}),
+    )
+    .await;
+    assert_eq!(chat.status, 200, "{}", chat.text());
+    assert_eq!(responses, last_prompt(&s));
+    assert!(
+        responses.starts_with("<|im_start|>system\nAnswer in French.<|im_end|>"),
+        "{responses:?}"
+    );
+    assert!(
+        responses.contains("<|im_start|>system\nNow in German.<|im_end|>"),
+        "{responses:?}"
+    );
+    // `instructions` come before the conversation's own system items.
+    let r = post(
+        s.app(),
+        "/v1/responses",
+        &json!({"input": items, "instructions": "Be brief."}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let p = last_prompt(&s);
+    assert!(p.starts_with("<|im_start|>system\nBe brief."), "{p:?}");
+    assert!(p.find("Be brief.") < p.find("Answer in French."), "{p:?}");
+}
+
+#[tokio::test]
+async fn every_tool_choice_variant() {
+    let call =
+        "<tool_call>\n{\"name\": \"exec_command\", \"arguments\": {\"cmd\": \"ls\"}}\n</tool_call>";
+    let s = setup(call, Tpl::Qwen3);
+    let exec = json!({"type": "function", "name": "exec_command", "description": "Runs a command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}});
+    let other = json!({"type": "function", "name": "read_file", "description": "Reads a file",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}});
+    let ask = |tools: Value, choice: Value| {
+        let mut b = json!({"input": "list files", "tools": tools, "reasoning": {"effort": "none"}});
+        if !choice.is_null() {
+            b["tool_choice"] = choice;
+        }
+        b
+    };
+    // What the model is offered, per choice: the prompt's tool list.
+    let prompt = |body: Value| {
+        let s = &s;
+        async move {
+            let r = post(s.app(), "/v1/responses", &body).await;
+            assert_eq!(r.status, 200, "{body}: {}", r.text());
+            (last_prompt(s), r.json())
+        }
+    };
+    let (no_tools, _) = prompt(ask(json!([]), Value::Null)).await;
+    let (both, _) = prompt(ask(json!([exec, other]), Value::Null)).await;
+    let (only_exec, _) = prompt(ask(json!([exec]), Value::Null)).await;
+    assert!(both.contains("read_file") && both.contains("exec_command"));
+    assert_eq!(
+        s.backend.constrained(),
+        0,
+        "auto and no choice are not constrained"
+    );
+    let (auto, v) = prompt(ask(json!([exec, other]), json!("auto"))).await;
+    assert_eq!(auto, both);
+    assert_eq!(v["tool_choice"], "auto");
+    assert_eq!(v["output"][0]["type"], "function_call");
+    // `none`: no tools in the prompt, and a call the model writes anyway is text.
+    let (none, v) = prompt(ask(json!([exec, other]), json!("none"))).await;
+    assert_eq!(none, no_tools);
+    assert_eq!(v["output"][0]["type"], "message", "{v}");
+    assert_eq!(v["output"][0]["content"][0]["text"], call);
+    // `allowed_tools` offers the listed subset.
+    let allowed = |mode: &str| json!({"type": "allowed_tools", "mode": mode, "tools": [{"type": "function", "name": "exec_command"}]});
+    let (subset, _) = prompt(ask(json!([exec, other]), allowed("auto"))).await;
+    assert_eq!(subset, only_exec);
+    assert_eq!(s.backend.constrained(), 0);
+    // `required`, a named function and `allowed_tools` in `required` mode force a call: the
+    // reply is held to a grammar of the allowed calls.
+    for (i, choice) in [
+        json!("required"),
+        json!({"type": "function", "name": "exec_command"}),
+        allowed("required"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (p, v) = prompt(ask(json!([exec, other]), choice.clone())).await;
+        assert_eq!(s.backend.constrained(), i + 1, "{choice}");
+        assert_eq!(v["tool_choice"], choice);
+        let out = &v["output"][0];
+        assert_eq!(
+            (out["type"].as_str(), out["name"].as_str()),
+            (Some("function_call"), Some("exec_command")),
+            "{choice}: {v}"
+        );
+        assert_eq!(out["arguments"], "{\"cmd\":\"ls\"}");
+        let want = if choice["type"] == "allowed_tools" {
+            &only_exec
+        } else {
+            &both
+        };
+        assert_eq!(&p, want, "{choice}");
+    }
+    // A forced function that was not offered is a 400 naming it.
+    let r = post(
+        s.app(),
+        "/v1/responses",
+        &ask(
+            json!([other]),
+            json!({"type": "function", "name": "exec_command"}),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("exec_command"), "{}", r.text());
+}
+
+#[tokio::test]
+async fn temperature_and_top_p_reach_the_sampler() {
+    let s = setup("ok", Tpl::Qwen3);
+    let r = post(
+        s.app(),
+        "/v1/responses",
+        &json!({"input": "hi", "temperature": 0.25, "top_p": 0.5}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(
+        (v["temperature"].as_f64(), v["top_p"].as_f64()),
+        (Some(0.25), Some(0.5))
+    );
+    let seen = s.backend.last_settings().unwrap().sampler;
+    assert_eq!((seen.temperature, seen.top_p), (0.25, 0.5));
+    // Unset: the server's defaults (llama.cpp's), echoed as null.
+    let r = post(s.app(), "/v1/responses", &json!({"input": "hi"})).await;
+    let v = r.json();
+    assert_eq!(
+        (v["temperature"].clone(), v["top_p"].clone()),
+        (Value::Null, Value::Null)
+    );
+    let seen = s.backend.last_settings().unwrap().sampler;
+    let d = hearth_engine::SamplerConfig::default();
+    assert_eq!((seen.temperature, seen.top_p), (d.temperature, d.top_p));
+    // Streamed: the same settings.
+    let r = post(
+        s.app(),
+        "/v1/responses",
+        &json!({"input": "hi", "stream": true, "temperature": 0, "top_p": 0.9}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let seen = s.backend.last_settings().unwrap().sampler;
+    assert_eq!((seen.temperature, seen.top_p), (0.0, 0.9));
+    for (field, value) in [("temperature", json!(-1)), ("top_p", json!(1.5))] {
+        let mut body = json!({"input": "hi"});
+        body[field] = value;
+        let r = post(s.app(), "/v1/responses", &body).await;
+        assert_eq!(r.status, 400, "{field}: {}", r.text());
+        assert!(r.text().contains(field), "{}", r.text());
+    }
+}

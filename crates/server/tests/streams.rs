@@ -614,3 +614,123 @@ async fn many_concurrent_streams_all_finish_and_free_their_sequences() {
     }
     assert_eq!(s.backend.stats().active, 0);
 }
+
+#[tokio::test]
+async fn ollama_num_ctx_is_per_request_up_to_the_servers_context() {
+    let s = setup("Hi", Tpl::Qwen3); // 4096 tokens per sequence
+    let ask = |num_ctx: Value, content: String| {
+        json!({"stream": false, "options": {"num_ctx": num_ctx},
+               "messages": [{"role": "user", "content": content}]})
+    };
+    for (asked, seen) in [
+        (json!(2048), Some(2048)),
+        (json!(1_000_000), Some(4096)),
+        (json!(0), None),
+        (Value::Null, None),
+    ] {
+        let r = post(s.app(), "/api/chat", &ask(asked.clone(), "hi".into())).await;
+        assert_eq!(r.status, 200, "{asked}: {}", r.text());
+        let got = s.backend.last_settings().unwrap().n_ctx;
+        assert_eq!(got, seen, "num_ctx {asked}");
+    }
+    // A prompt that fits the server's context but not the request's is refused, naming both.
+    let r = post(s.app(), "/api/chat", &ask(json!(64), "word ".repeat(200))).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    let err = r.json()["error"].as_str().unwrap().to_string();
+    assert!(err.contains("64 tokens"), "{err}");
+    let r = post(s.app(), "/api/chat", &ask(json!(4096), "word ".repeat(200))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[tokio::test]
+async fn ollama_keep_alive_load_and_unload() {
+    let s = setup("Hi", Tpl::Qwen3);
+    // Load and unload requests answer as Ollama does, without generating.
+    for (path, body, reason) in [
+        ("/api/generate", json!({"model": "m"}), "load"),
+        (
+            "/api/generate",
+            json!({"model": "m", "keep_alive": 0}),
+            "unload",
+        ),
+        (
+            "/api/generate",
+            json!({"model": "m", "keep_alive": "5m"}),
+            "load",
+        ),
+        ("/api/chat", json!({"model": "m", "messages": []}), "load"),
+        ("/api/chat", json!({"model": "m"}), "load"),
+        (
+            "/api/chat",
+            json!({"model": "m", "messages": [], "keep_alive": "0s"}),
+            "unload",
+        ),
+        (
+            "/api/chat",
+            json!({"model": "m", "messages": [], "keep_alive": -1}),
+            "load",
+        ),
+    ] {
+        let r = post(s.app(), path, &body).await;
+        assert_eq!(r.status, 200, "{path} {body}: {}", r.text());
+        let v = r.json();
+        assert_eq!(
+            (v["done"].clone(), v["done_reason"].clone()),
+            (json!(true), json!(reason)),
+            "{path} {body}: {v}"
+        );
+        assert_eq!(v["model"], "m");
+        if path == "/api/chat" {
+            assert_eq!(v["message"], json!({"role": "assistant", "content": ""}));
+        } else {
+            assert_eq!(v["response"], "");
+        }
+    }
+    assert_eq!(s.backend.take_prompts().len(), 0, "nothing was generated");
+    // The one model stays loaded after an unload.
+    let r = send(s.app(), "GET", "/api/ps", "", &[]).await;
+    assert_eq!(r.json()["models"].as_array().unwrap().len(), 1);
+    // keep_alive beside a conversation is accepted in Ollama's forms; anything else is a 400.
+    for ka in [
+        json!("5m"),
+        json!("1h30m"),
+        json!("-1"),
+        json!(300),
+        json!(-1),
+        json!("0"),
+    ] {
+        let r = post(
+            s.app(),
+            "/api/chat",
+            &json!({"stream": false, "keep_alive": ka,
+            "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{ka}: {}", r.text());
+        assert_eq!(r.json()["message"]["content"], "Hi", "{ka}");
+    }
+    for ka in [json!("5 minutes"), json!("m"), json!(true), json!({"s": 1})] {
+        let r = post(
+            s.app(),
+            "/api/generate",
+            &json!({"prompt": "hi", "keep_alive": ka}),
+        )
+        .await;
+        assert_eq!(r.status, 400, "{ka}: {}", r.text());
+        assert!(r.text().contains("keep_alive"), "{}", r.text());
+    }
+}
+
+#[tokio::test]
+async fn ollama_show_lists_what_the_template_can_do() {
+    for (tpl, caps) in [
+        (Tpl::Qwen3, vec!["completion", "tools", "thinking"]),
+        (Tpl::Coder, vec!["completion", "tools"]),
+        (Tpl::Fixture, vec!["completion"]),
+    ] {
+        let s = setup("x", tpl);
+        let r = post(s.app(), "/api/show", &json!({"model": "m"})).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["capabilities"], json!(caps));
+    }
+}

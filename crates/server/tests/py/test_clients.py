@@ -270,6 +270,68 @@ def metric(name):
     return float(m.group(1))
 
 
+def long_prompt(tag):
+    """A prompt of several 64-token KV blocks, its own from the first token on (so no earlier
+    request shares a block of it), and the same on every call with the same tag."""
+    words = " ".join(f"{tag}{i} is a word of the {tag} list." for i in range(40))
+    return f"{tag}: remember these. {words}"
+
+
+@real
+def test_cached_prompt_tokens_are_reported_in_every_api():
+    """The second of two identical requests is served from the prefix cache, and each API reports
+    it in its own field: all but the prompt's last partial block is cached."""
+    before = {m: metric(m) for m in ("hearth_cached_prompt_tokens_total", "hearth_prefix_cache_queries_total",
+                                      "hearth_prefix_cache_query_tokens_total")}
+    c = oai()
+    msgs = [{"role": "user", "content": long_prompt("chat")}]
+    first, again = (c.chat.completions.create(model="x", messages=msgs, max_tokens=2, temperature=0) for _ in range(2))
+    n = first.usage.prompt_tokens
+    assert n > 128 and again.usage.prompt_tokens == n
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert n - 64 <= cached < n, (cached, n)
+    total_cached = cached
+
+    first, again = (c.responses.create(model="x", input=long_prompt("responses"), max_output_tokens=2,
+                                       temperature=0, reasoning={"effort": "none"}) for _ in range(2))
+    n = first.usage.input_tokens
+    assert first.usage.input_tokens_details.cached_tokens == 0
+    cached = again.usage.input_tokens_details.cached_tokens
+    assert n - 64 <= cached < n and again.usage.input_tokens == n, (cached, n)
+    total_cached += cached
+
+    a = ant()
+    msgs = [{"role": "user", "content": long_prompt("anthropic")}]
+    first, again = (a.messages.create(model="x", max_tokens=2, messages=msgs, extra_body={"temperature": 0})
+                    for _ in range(2))
+    # Anthropic counts the prompt as input_tokens + cache_read_input_tokens.
+    n = first.usage.input_tokens + first.usage.cache_read_input_tokens
+    assert first.usage.cache_read_input_tokens == 0 and n > 128
+    cached = again.usage.cache_read_input_tokens
+    assert n - 64 <= cached < n and again.usage.input_tokens == n - cached, (again.usage, n)
+    assert a.messages.count_tokens(model="x", messages=msgs).input_tokens == n
+    total_cached += cached
+
+    o = oll()
+    msgs = [{"role": "user", "content": long_prompt("ollama")}]
+    first, again = (o.chat(model="x", messages=msgs, options={"temperature": 0, "num_predict": 2}) for _ in range(2))
+    # prompt_eval_count is the tokens evaluated: the whole prompt, then only what the cache lacks.
+    n = first.prompt_eval_count
+    assert n > 128 and 0 < again.prompt_eval_count <= 64, (n, again.prompt_eval_count)
+    for r in (first, again):
+        assert 1 <= r.eval_count <= 2
+        assert r.prompt_eval_duration > 0 and r.eval_duration > 0
+        assert r.total_duration >= r.prompt_eval_duration + r.eval_duration
+        assert r.load_duration == 0
+    total_cached += n - again.prompt_eval_count
+
+    after = {m: metric(m) for m in before}
+    assert after["hearth_cached_prompt_tokens_total"] - before["hearth_cached_prompt_tokens_total"] >= total_cached
+    assert after["hearth_prefix_cache_queries_total"] - before["hearth_prefix_cache_queries_total"] >= 8
+    assert after["hearth_prefix_cache_query_tokens_total"] - before["hearth_prefix_cache_query_tokens_total"] >= 8 * 128
+
+
 @real
 def test_soak_streaming_clients():
     """16 clients stream short replies for a while; none fails and no sequence is left behind."""
