@@ -77,7 +77,10 @@ impl Server {
             "--port".into(),
             port.to_string(),
         ];
-        args.extend(["-c", "1024", "--parallel", "4", "-t", "2"].map(String::from));
+        if !extra.contains(&"-c") {
+            args.extend(["-c", "1024"].map(String::from));
+        }
+        args.extend(["--parallel", "4", "-t", "2"].map(String::from));
         args.extend(extra.iter().map(|s| s.to_string()));
         let child = Command::new(env!("CARGO_BIN_EXE_hearth"))
             .args(&args)
@@ -231,6 +234,14 @@ fn python_clients_parse_every_tool_call_case() {
     // vocabulary's token boundaries (the fixture's tokenizer) and the Qwen3 template.
     let replies = format!("{ROOT}/crates/server/tests/py/tool_call_replies.txt");
     let template = shared("templates/Qwen-Qwen3-0.6B.jinja");
-    let server = Server::start(&["--scripted", &replies, "--chat-template", &template]);
+    // The Qwen3 template's tool list and reply 0's 613 characters (cut into pieces) pass 1024.
+    let server = Server::start(&[
+        "--scripted",
+        &replies,
+        "--chat-template",
+        &template,
+        "-c",
+        "4096",
+    ]);
     server.pytest_file("test_tool_calls.py", &[("HEARTH_SCRIPTED_TOOLS", "1")]);
 }

@@ -388,8 +388,8 @@ async fn respond(
     stream: bool,
     mut replies: Vec<Reply>,
     model: String,
+    start: Instant,
 ) -> Result<Response, ApiError> {
-    let start = Instant::now();
     if stream {
         let render = NdjsonStream {
             chat,
@@ -428,6 +428,7 @@ pub async fn chat(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let start = Instant::now(); // see `generate`
     let req: ChatRequest = fields::parse_body(body)?;
     let l = state.loaded()?;
     let unload = unloads(req.keep_alive.as_ref())?;
@@ -446,7 +447,15 @@ pub async fn chat(
     let gen = apply_options(&l, req.options, req.format.as_ref(), gen)?;
     let (replies, _) = pipeline::start(l.clone(), gen).await?;
     let model = req.model.unwrap_or_else(|| l.info().alias.clone());
-    respond(&state, true, req.stream.unwrap_or(true), replies, model).await
+    respond(
+        &state,
+        true,
+        req.stream.unwrap_or(true),
+        replies,
+        model,
+        start,
+    )
+    .await
 }
 
 /// `POST /api/generate`. An empty prompt loads (or unloads) the model, a no-op here, and answers
@@ -455,6 +464,9 @@ pub async fn generate(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    // total_duration counts from here, so it covers the prompt's evaluation (timed from the
+    // sequence's creation, later) and the generation.
+    let start = Instant::now();
     let req: GenerateRequest = fields::parse_body(body)?;
     let l = state.loaded()?;
     let model = req.model.clone().unwrap_or_else(|| l.info().alias.clone());
@@ -485,7 +497,15 @@ pub async fn generate(
     };
     let gen = apply_options(&l, req.options, req.format.as_ref(), gen)?;
     let (replies, _) = pipeline::start(l.clone(), gen).await?;
-    respond(&state, false, req.stream.unwrap_or(true), replies, model).await
+    respond(
+        &state,
+        false,
+        req.stream.unwrap_or(true),
+        replies,
+        model,
+        start,
+    )
+    .await
 }
 
 fn details(l: &Loaded) -> Value {

@@ -288,7 +288,9 @@ def test_cached_prompt_tokens_are_reported_in_every_api():
     first, again = (c.chat.completions.create(model="x", messages=msgs, max_tokens=2, temperature=0) for _ in range(2))
     n = first.usage.prompt_tokens
     assert n > 128 and again.usage.prompt_tokens == n
-    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    # The first request may share the chat template's opening with earlier requests, not a block of
+    # the prompt's own text.
+    assert first.usage.prompt_tokens_details.cached_tokens < 64
     cached = again.usage.prompt_tokens_details.cached_tokens
     assert n - 64 <= cached < n, (cached, n)
     total_cached = cached
@@ -296,7 +298,7 @@ def test_cached_prompt_tokens_are_reported_in_every_api():
     first, again = (c.responses.create(model="x", input=long_prompt("responses"), max_output_tokens=2,
                                        temperature=0, reasoning={"effort": "none"}) for _ in range(2))
     n = first.usage.input_tokens
-    assert first.usage.input_tokens_details.cached_tokens == 0
+    assert first.usage.input_tokens_details.cached_tokens < 64
     cached = again.usage.input_tokens_details.cached_tokens
     assert n - 64 <= cached < n and again.usage.input_tokens == n, (cached, n)
     total_cached += cached
@@ -307,7 +309,7 @@ def test_cached_prompt_tokens_are_reported_in_every_api():
                     for _ in range(2))
     # Anthropic counts the prompt as input_tokens + cache_read_input_tokens.
     n = first.usage.input_tokens + first.usage.cache_read_input_tokens
-    assert first.usage.cache_read_input_tokens == 0 and n > 128
+    assert first.usage.cache_read_input_tokens < 64 and n > 128
     cached = again.usage.cache_read_input_tokens
     assert n - 64 <= cached < n and again.usage.input_tokens == n - cached, (again.usage, n)
     assert a.messages.count_tokens(model="x", messages=msgs).input_tokens == n

@@ -72,7 +72,7 @@ def turns(k):
 
 
 def limit(k):
-    return CUT_TOKENS if k == 4 else 300
+    return CUT_TOKENS if k == 4 else 1000
 
 
 def check(k, seen, what):
