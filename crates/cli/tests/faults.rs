@@ -199,15 +199,16 @@ fn a_template_bomb_fails_its_request_not_the_server() {
         peak < 500 * 1024,
         "peak RSS {peak} kB: the bomb's memory must not land in the server"
     );
-    // The same template inside a model file.
+    // The same template inside a model file: SmolLM2 with its template swapped for the bomb.
     let model = dir.path().join("bomb.gguf");
-    with_template(
-        &PathBuf::from(shared("fixtures/tiny-qwen3.q4_0.gguf")),
-        BOMB,
-        &model,
-    );
+    with_template(&PathBuf::from(smollm2()), BOMB, &model);
     let server = Server::start(model.to_str().unwrap(), &[], "", &[]);
     assert_bomb_contained(&server);
+    let peak = server.peak_rss_kb();
+    assert!(
+        peak < 500 * 1024,
+        "peak RSS {peak} kB with the bomb in the file"
+    );
 }
 
 #[test]
