@@ -80,7 +80,14 @@ fn run(s: &Scheduler, r: Request) -> (Vec<u32>, Event) {
 fn assert_clean(s: &Scheduler) {
     // The in-flight count drops before the last event is sent.
     assert_eq!(s.in_flight(), 0, "no sequence is left counted");
-    let st = s.stats();
+    // The stats are published when the engine has finished the step (after a fault, after its
+    // recount), which may be just after the request's last event reached us.
+    let t0 = std::time::Instant::now();
+    let mut st = s.stats();
+    while (st.active != 0 || st.kv_held_blocks != 0) && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+        st = s.stats();
+    }
     assert_eq!(st.active, 0);
     assert_eq!(st.kv_held_blocks, 0, "no KV block is left held");
     assert!(s.health().is_ok(), "the engine stays healthy");
