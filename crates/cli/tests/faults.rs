@@ -122,6 +122,19 @@ impl Server {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("no {name} in /metrics"))
     }
+
+    /// `name` once it reads `want`, or its last reading after 5 s: the engine publishes its
+    /// stats when it has finished a step, which may be just after a reply's last byte was sent.
+    fn settled(&self, name: &str, want: f64) -> f64 {
+        let t0 = Instant::now();
+        loop {
+            let v = self.metric(name);
+            if v == want || t0.elapsed() > Duration::from_secs(5) {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 /// Waits until something listens on `port` (the server binds before loading).
@@ -314,7 +327,7 @@ fn each_failpoint_fails_one_request_and_the_server_goes_on() {
         let (status, text) = request(server.port, "POST", "/v1/completions", COMPLETION);
         assert_eq!(status, 200, "{fp}: the next request is served: {text}");
         assert_eq!(request(server.port, "GET", "/health", "").0, 200, "{fp}");
-        assert_eq!(server.metric("hearth_active_sequences"), 0.0, "{fp}");
+        assert_eq!(server.settled("hearth_active_sequences", 0.0), 0.0, "{fp}");
     }
 }
 
@@ -347,7 +360,7 @@ fn failing_disk_cache_writes_cost_the_cache_not_the_requests() {
         let (status, text) = request(server.port, "POST", "/v1/completions", &long);
         assert_eq!(status, 200, "{text}");
     }
-    assert_eq!(server.metric("hearth_active_sequences"), 0.0);
+    assert_eq!(server.settled("hearth_active_sequences", 0.0), 0.0);
     let t0 = Instant::now();
     // SAFETY: kill(2) on the child's pid, which this test owns and has not reaped.
     unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
