@@ -431,9 +431,9 @@ pub async fn chat(
     let start = Instant::now(); // see `generate`
     let req: ChatRequest = fields::parse_body(body)?;
     let l = state.loaded()?;
+    let model = req.model.unwrap_or_else(|| l.info().alias.clone());
     let unload = unloads(req.keep_alive.as_ref())?;
     if req.messages.is_empty() {
-        let model = req.model.unwrap_or_else(|| l.info().alias.clone());
         return Ok(load_reply(true, &model, unload));
     }
     let gen = GenRequest {
@@ -446,7 +446,6 @@ pub async fn chat(
     };
     let gen = apply_options(&l, req.options, req.format.as_ref(), gen)?;
     let (replies, _) = pipeline::start(l.clone(), gen).await?;
-    let model = req.model.unwrap_or_else(|| l.info().alias.clone());
     respond(
         &state,
         true,

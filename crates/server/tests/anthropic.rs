@@ -203,17 +203,6 @@ async fn unknown_blocks_are_ignored_and_images_refused() {
     }
 }
 
-/// The rendered text of the last prompt submitted.
-fn last_prompt(s: &Setup) -> String {
-    use hearth_engine::Backend;
-    let p = s
-        .backend
-        .take_prompts()
-        .pop()
-        .expect("a prompt was submitted");
-    s.backend.tokenizer().decode(&p, true)
-}
-
 #[tokio::test]
 async fn thinking_disabled_turns_the_templates_thinking_off() {
     let s = setup("answer", Tpl::Qwen3);
@@ -221,7 +210,7 @@ async fn thinking_disabled_turns_the_templates_thinking_off() {
     let r = post(s.app(), "/v1/messages", &ask(json!({"type": "disabled"}))).await;
     assert_eq!(r.status, 200, "{}", r.text());
     // Qwen3's template closes an empty think block when `enable_thinking` is false.
-    let off = last_prompt(&s);
+    let off = s.last_prompt();
     assert!(
         off.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
         "{off:?}"
@@ -236,13 +225,13 @@ async fn thinking_disabled_turns_the_templates_thinking_off() {
         &ask(json!({"type": "enabled", "budget_tokens": 1024})),
     )
     .await;
-    let on = last_prompt(&s);
+    let on = s.last_prompt();
     assert!(on.ends_with("<|im_start|>assistant\n"), "{on:?}");
     // No `thinking` field: the template's default (on, for Qwen3).
     let mut body = ask(Value::Null);
     body.as_object_mut().unwrap().remove("thinking");
     post(s.app(), "/v1/messages", &body).await;
-    assert_eq!(last_prompt(&s), on);
+    assert_eq!(s.last_prompt(), on);
     // count_tokens renders the same prompt.
     let n_off = count(&s, ask(json!({"type": "disabled"}))).await;
     let n_on = count(&s, ask(json!({"type": "enabled", "budget_tokens": 1024}))).await;

@@ -432,17 +432,6 @@ async fn the_servers_max_tokens_caps_every_api() {
     assert_eq!(r.json()["usage"]["output_tokens"], 1);
 }
 
-/// The rendered text of the last prompt submitted.
-fn last_prompt(s: &Setup) -> String {
-    use hearth_engine::Backend;
-    let p = s
-        .backend
-        .take_prompts()
-        .pop()
-        .expect("a prompt was submitted");
-    s.backend.tokenizer().decode(&p, true)
-}
-
 #[tokio::test]
 async fn system_items_render_as_the_chat_system_message() {
     let s = setup("ok", Tpl::Qwen3);
@@ -455,7 +444,7 @@ async fn system_items_render_as_the_chat_system_message() {
     ]);
     let r = post(s.app(), "/v1/responses", &json!({"input": items})).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let responses = last_prompt(&s);
+    let responses = s.last_prompt();
     let chat = post(
         s.app(),
         "/v1/chat/completions",
@@ -469,7 +458,7 @@ async fn system_items_render_as_the_chat_system_message() {
     )
     .await;
     assert_eq!(chat.status, 200, "{}", chat.text());
-    assert_eq!(responses, last_prompt(&s));
+    assert_eq!(responses, s.last_prompt());
     assert!(
         responses.starts_with("<|im_start|>system\nAnswer in French.<|im_end|>"),
         "{responses:?}"
@@ -486,7 +475,7 @@ async fn system_items_render_as_the_chat_system_message() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    let p = last_prompt(&s);
+    let p = s.last_prompt();
     assert!(p.starts_with("<|im_start|>system\nBe brief."), "{p:?}");
     assert!(p.find("Be brief.") < p.find("Answer in French."), "{p:?}");
 }
@@ -513,7 +502,7 @@ async fn every_tool_choice_variant() {
         async move {
             let r = post(s.app(), "/v1/responses", &body).await;
             assert_eq!(r.status, 200, "{body}: {}", r.text());
-            (last_prompt(s), r.json())
+            (s.last_prompt(), r.json())
         }
     };
     let (no_tools, _) = prompt(ask(json!([]), Value::Null)).await;

@@ -42,6 +42,17 @@ impl Setup {
     pub fn app(&self) -> Router {
         app(self.state.clone())
     }
+
+    /// The rendered text of the last prompt submitted.
+    pub fn last_prompt(&self) -> String {
+        use hearth_engine::Backend;
+        let p = self
+            .backend
+            .take_prompts()
+            .pop()
+            .expect("a prompt was submitted");
+        self.backend.tokenizer().decode(&p, true)
+    }
 }
 
 pub fn setup_with(script: Script, tpl: Tpl, config: ServerConfig, n_ctx: usize) -> Setup {
