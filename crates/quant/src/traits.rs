@@ -255,8 +255,14 @@ const TABLE: [TypeTraits; 17] = [
             scalar: |n, w, a| dot::vec_dot_q4_k_q8_k(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
             simd: [
-                both(yk::q4_k),
-                both(yk::q4_k_vnni),
+                Kernel {
+                    one: yr::q4_k_rows,
+                    many: yk::q4_k,
+                },
+                Kernel {
+                    one: yr::q4_k_rows,
+                    many: yk::q4_k_vnni,
+                },
                 Kernel {
                     one: avx512::q4_k_rows,
                     many: lanes::q4_k,
@@ -275,8 +281,14 @@ const TABLE: [TypeTraits; 17] = [
             scalar: |n, w, a| dot::vec_dot_q5_k_q8_k(n, b(w), b(a)),
             #[cfg(target_arch = "x86_64")]
             simd: [
-                both(yk::q5_k),
-                both(yk::q5_k_vnni),
+                Kernel {
+                    one: yr::q5_k_rows,
+                    many: yk::q5_k,
+                },
+                Kernel {
+                    one: yr::q5_k_rows,
+                    many: yk::q5_k_vnni,
+                },
                 Kernel {
                     one: avx512::q5_k_rows,
                     many: lanes::q5_k,

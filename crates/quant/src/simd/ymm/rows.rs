@@ -1,17 +1,18 @@
-//! One token through Q6_K rows, a row at a time (decode), with AVX2.
+//! One token through Q4_K, Q5_K and Q6_K rows, a row at a time (decode), with AVX2.
 //!
 //! The 8-lane kernels keep each output's f32 chain per super-block, `acc = fma(d·dy, isum, acc)`
 //! with `isum` the exact i32 sum of the super-block. This kernel computes the same integer in vector
 //! lanes (reduced once per super-block) and runs the same chain in scalar f32, so its results equal
 //! theirs bit for bit, while reading one row front to back without a transpose: the 32 quants of a
 //! 32-element group come from one 32-byte load, and the two 16-element scales of the group go to
-//! the two 128-bit halves of one register.
+//! the two 128-bit halves of one register. For Q4_K / Q5_K the same holds for the second chain,
+//! `accm = fma(dmin·dy, Σ m·bsum, accm)`, and the result `acc - accm`.
 
 use std::arch::x86_64::*;
 
 use crate::block::cast_blocks;
-use crate::k_quants::{BlockQ6K, BlockQ8K};
-use crate::simd::avx2::f16c;
+use crate::k_quants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
+use crate::simd::avx2::{f16c, k4_scales_mins64};
 use crate::simd::Rows;
 
 /// Horizontal sum of 8 i32 lanes (exact).
@@ -72,6 +73,151 @@ unsafe fn q6_k_row(x: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
         acc = (f16c(xb.d) * y.d()).mul_add(isum as f32, acc);
     }
     acc
+}
+
+/// The exact `(Σ sc·q·y, Σ m·bsum)` of one Q4_K / Q5_K super-block (the fifth bits in `qh` for
+/// Q5_K). Each 32-byte load of `qs` holds sub-block `2c` in its low nibbles and `2c + 1` in its
+/// high ones, which meet activation bytes `64c..64c + 32` and `64c + 32..64c + 64` as they lie;
+/// `pick[s]` spreads scale `s` (an i16 in both halves of `sc`) over every lane.
+#[inline(always)]
+unsafe fn k45_sums(
+    qs: &[u8; 128],
+    qh: Option<&[u8; 32]>,
+    scales: &[u8; 12],
+    y: &BlockQ8K,
+    pick: &[__m256i; 8],
+) -> (i32, i32) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let one = _mm256_set1_epi8(1);
+    let (sc, mn) = k4_scales_mins64(scales);
+    let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+    let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+    let hbits = match qh {
+        Some(h) => _mm256_loadu_si256(h.as_ptr().cast()),
+        None => _mm256_setzero_si256(),
+    };
+    let mut sumi = _mm256_setzero_si256();
+    for c in 0..4 {
+        let w = _mm256_loadu_si256(qs[32 * c..].as_ptr().cast());
+        let mut lo = _mm256_and_si256(w, m4);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+        if qh.is_some() {
+            let (s0, s1) = (
+                _mm_cvtsi32_si128(2 * c as i32),
+                _mm_cvtsi32_si128(2 * c as i32 + 1),
+            );
+            let hl = _mm256_and_si256(_mm256_srl_epi16(hbits, s0), one);
+            let hh = _mm256_and_si256(_mm256_srl_epi16(hbits, s1), one);
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(hl, 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(hh, 4));
+        }
+        let ylo = _mm256_loadu_si256(y.qs[64 * c..].as_ptr().cast());
+        let yhi = _mm256_loadu_si256(y.qs[64 * c + 32..].as_ptr().cast());
+        let plo = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(lo, ylo),
+            _mm256_shuffle_epi8(sc, pick[2 * c]),
+        );
+        let phi = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(hi, yhi),
+            _mm256_shuffle_epi8(sc, pick[2 * c + 1]),
+        );
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
+    }
+    let bs = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+    let q8s = _mm_hadd_epi16(
+        _mm256_castsi256_si128(bs),
+        _mm256_extracti128_si256::<1>(bs),
+    );
+    let ms = _mm_madd_epi16(mins, q8s);
+    let v4 = _mm_add_epi32(
+        _mm256_castsi256_si128(sumi),
+        _mm256_extracti128_si256::<1>(sumi),
+    );
+    let h = _mm_hadd_epi32(v4, ms);
+    let h = _mm_hadd_epi32(h, h);
+    (_mm_cvtsi128_si32(h), _mm_extract_epi32::<1>(h))
+}
+
+/// The shuffles that spread i16 scale `s` of a 128-bit half over the half (`k45_sums`' `pick`).
+#[inline(always)]
+unsafe fn k45_picks() -> [__m256i; 8] {
+    let mut pick = [_mm256_setzero_si256(); 8];
+    for (s, p) in pick.iter_mut().enumerate() {
+        *p = _mm256_set1_epi16((2 * s as i16) | ((2 * s as i16 + 1) << 8));
+    }
+    pick
+}
+
+/// Q4_K × Q8_K for one row: the integers and both f32 chains of the 8-lane kernel.
+#[inline(always)]
+unsafe fn q4_k_row(x: &[BlockQ4K], a: &[BlockQ8K], pick: &[__m256i; 8]) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (xb, y) in x.iter().zip(a) {
+        let (si, mi) = k45_sums(&xb.qs, None, &xb.scales, y, pick);
+        let dy = y.d();
+        acc = (f16c(xb.d) * dy).mul_add(si as f32, acc);
+        accm = (f16c(xb.dmin) * dy).mul_add(mi as f32, accm);
+    }
+    acc - accm
+}
+
+/// Q5_K × Q8_K for one row: as [`q4_k_row`] with the fifth bits.
+#[inline(always)]
+unsafe fn q5_k_row(x: &[BlockQ5K], a: &[BlockQ8K], pick: &[__m256i; 8]) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (xb, y) in x.iter().zip(a) {
+        let (si, mi) = k45_sums(&xb.qs, Some(&xb.qh), &xb.scales, y, pick);
+        let dy = y.d();
+        acc = (f16c(xb.d) * dy).mul_add(si as f32, acc);
+        accm = (f16c(xb.dmin) * dy).mul_add(mi as f32, accm);
+    }
+    acc - accm
+}
+
+/// One token through Q4_K rows (see `crate::traits::MatrixFn`; `acts` holds one row).
+///
+/// # Safety
+/// As `crate::traits::MatrixFn`, with AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_k_rows(
+    n: usize,
+    w: &Rows,
+    acts: &[&[u8]],
+    out: &mut [f32],
+    _tok_stride: usize,
+    row_stride: usize,
+) {
+    debug_assert_eq!(acts.len(), 1);
+    let nb = n / 256;
+    let a: &[BlockQ8K] = cast_blocks(acts[0]).expect("one activation row");
+    let pick = k45_picks();
+    for i in 0..w.count {
+        let x: &[BlockQ4K] = cast_blocks(w.row(i, nb * 144)).expect("one weight row");
+        out[i * row_stride] = q4_k_row(x, a, &pick);
+    }
+}
+
+/// One token through Q5_K rows (see `crate::traits::MatrixFn`; `acts` holds one row).
+///
+/// # Safety
+/// As `crate::traits::MatrixFn`, with AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q5_k_rows(
+    n: usize,
+    w: &Rows,
+    acts: &[&[u8]],
+    out: &mut [f32],
+    _tok_stride: usize,
+    row_stride: usize,
+) {
+    debug_assert_eq!(acts.len(), 1);
+    let nb = n / 256;
+    let a: &[BlockQ8K] = cast_blocks(acts[0]).expect("one activation row");
+    let pick = k45_picks();
+    for i in 0..w.count {
+        let x: &[BlockQ5K] = cast_blocks(w.row(i, nb * 176)).expect("one weight row");
+        out[i * row_stride] = q5_k_row(x, a, &pick);
+    }
 }
 
 /// One token through Q6_K rows (see `crate::traits::MatrixFn`; `acts` holds one row).
