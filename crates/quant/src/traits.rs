@@ -256,11 +256,11 @@ const TABLE: [TypeTraits; 17] = [
             #[cfg(target_arch = "x86_64")]
             simd: [
                 Kernel {
-                    one: yr::q4_k_rows,
+                    one: yr::k45_rows::<k::BlockQ4K>,
                     many: yk::q4_k,
                 },
                 Kernel {
-                    one: yr::q4_k_rows,
+                    one: yr::k45_rows::<k::BlockQ4K>,
                     many: yk::q4_k_vnni,
                 },
                 Kernel {
@@ -282,11 +282,11 @@ const TABLE: [TypeTraits; 17] = [
             #[cfg(target_arch = "x86_64")]
             simd: [
                 Kernel {
-                    one: yr::q5_k_rows,
+                    one: yr::k45_rows::<k::BlockQ5K>,
                     many: yk::q5_k,
                 },
                 Kernel {
-                    one: yr::q5_k_rows,
+                    one: yr::k45_rows::<k::BlockQ5K>,
                     many: yk::q5_k_vnni,
                 },
                 Kernel {

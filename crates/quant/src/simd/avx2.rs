@@ -3,6 +3,7 @@
 use std::arch::x86_64::*;
 
 use crate::block::{cast_blocks, Block};
+use crate::k_quants::{BlockQ4K, BlockQ5K};
 
 pub(super) fn blocks<B: Block>(src: &[u8]) -> &[B] {
     cast_blocks(src).expect("row lengths checked by the dispatcher")
@@ -50,4 +51,51 @@ pub(super) fn k4_scales_mins64(q: &[u8; 12]) -> (u64, u64) {
         sc_lo as u64 | (sc_hi as u64) << 32,
         mn_lo as u64 | (mn_hi as u64) << 32,
     )
+}
+
+/// The parts of Q4_K and Q5_K the one-row kernels read (AVX2 and AVX-512).
+pub(crate) trait K45: Block {
+    unsafe fn d_dmin(&self) -> (f32, f32);
+    fn scales12(&self) -> &[u8; 12];
+    fn qs(&self) -> &[u8; 128];
+    /// The fifth bits (Q5_K only).
+    fn qh(&self) -> Option<&[u8; 32]>;
+}
+
+impl K45 for BlockQ4K {
+    #[inline(always)]
+    unsafe fn d_dmin(&self) -> (f32, f32) {
+        (f16c(self.d), f16c(self.dmin))
+    }
+    #[inline(always)]
+    fn scales12(&self) -> &[u8; 12] {
+        &self.scales
+    }
+    #[inline(always)]
+    fn qs(&self) -> &[u8; 128] {
+        &self.qs
+    }
+    #[inline(always)]
+    fn qh(&self) -> Option<&[u8; 32]> {
+        None
+    }
+}
+
+impl K45 for BlockQ5K {
+    #[inline(always)]
+    unsafe fn d_dmin(&self) -> (f32, f32) {
+        (f16c(self.d), f16c(self.dmin))
+    }
+    #[inline(always)]
+    fn scales12(&self) -> &[u8; 12] {
+        &self.scales
+    }
+    #[inline(always)]
+    fn qs(&self) -> &[u8; 128] {
+        &self.qs
+    }
+    #[inline(always)]
+    fn qh(&self) -> Option<&[u8; 32]> {
+        Some(&self.qh)
+    }
 }

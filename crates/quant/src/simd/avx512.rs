@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{blocks, f16c, k4_scales_mins, k4_scales_mins64};
+use super::avx2::{blocks, f16c, k4_scales_mins, k4_scales_mins64, K45};
 use super::Rows;
 use crate::k_quants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 use std::mem::{size_of, size_of_val};
@@ -32,53 +32,6 @@ unsafe fn srl16(v: __m512i, by: u32) -> __m512i {
 
 // ---------------------------------------------------------------------------------------------
 // Q4_K / Q5_K.
-
-/// The parts of Q4_K and Q5_K the kernel reads.
-trait K45 {
-    unsafe fn d_dmin(&self) -> (f32, f32);
-    fn scales12(&self) -> &[u8; 12];
-    fn qs(&self) -> &[u8; 128];
-    /// The fifth bits (Q5_K only).
-    fn qh(&self) -> Option<&[u8; 32]>;
-}
-
-impl K45 for BlockQ4K {
-    #[inline(always)]
-    unsafe fn d_dmin(&self) -> (f32, f32) {
-        (f16c(self.d), f16c(self.dmin))
-    }
-    #[inline(always)]
-    fn scales12(&self) -> &[u8; 12] {
-        &self.scales
-    }
-    #[inline(always)]
-    fn qs(&self) -> &[u8; 128] {
-        &self.qs
-    }
-    #[inline(always)]
-    fn qh(&self) -> Option<&[u8; 32]> {
-        None
-    }
-}
-
-impl K45 for BlockQ5K {
-    #[inline(always)]
-    unsafe fn d_dmin(&self) -> (f32, f32) {
-        (f16c(self.d), f16c(self.dmin))
-    }
-    #[inline(always)]
-    fn scales12(&self) -> &[u8; 12] {
-        &self.scales
-    }
-    #[inline(always)]
-    fn qs(&self) -> &[u8; 128] {
-        &self.qs
-    }
-    #[inline(always)]
-    fn qh(&self) -> Option<&[u8; 32]> {
-        Some(&self.qh)
-    }
-}
 
 /// Elements `64k..64k + 64` of a Q4_K / Q5_K super-block as unsigned quants (sub-block 2k in the
 /// low half, 2k+1 in the high half) and, as i16 lanes, their two scales picked from the 8 widened

@@ -9,10 +9,12 @@
 //! `accm = fma(dmin·dy, Σ m·bsum, accm)`, and the result `acc - accm`.
 
 use std::arch::x86_64::*;
+use std::mem::size_of;
 
 use crate::block::cast_blocks;
-use crate::k_quants::{BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
-use crate::simd::avx2::{f16c, k4_scales_mins64};
+
+use crate::k_quants::{BlockQ6K, BlockQ8K};
+use crate::simd::avx2::{f16c, k4_scales_mins64, K45};
 use crate::simd::Rows;
 
 /// Horizontal sum of 8 i32 lanes (exact).
@@ -75,21 +77,16 @@ unsafe fn q6_k_row(x: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
     acc
 }
 
-/// The exact `(Σ sc·q·y, Σ m·bsum)` of one Q4_K / Q5_K super-block (the fifth bits in `qh` for
+/// The exact `(Σ sc·q·y, Σ m·bsum)` of one Q4_K / Q5_K super-block (with the fifth bits for
 /// Q5_K). Each 32-byte load of `qs` holds sub-block `2c` in its low nibbles and `2c + 1` in its
 /// high ones, which meet activation bytes `64c..64c + 32` and `64c + 32..64c + 64` as they lie;
 /// `pick[s]` spreads scale `s` (an i16 in both halves of `sc`) over every lane.
 #[inline(always)]
-unsafe fn k45_sums(
-    qs: &[u8; 128],
-    qh: Option<&[u8; 32]>,
-    scales: &[u8; 12],
-    y: &BlockQ8K,
-    pick: &[__m256i; 8],
-) -> (i32, i32) {
+unsafe fn k45_sums<W: K45>(xb: &W, y: &BlockQ8K, pick: &[__m256i; 8]) -> (i32, i32) {
     let m4 = _mm256_set1_epi8(0x0f);
     let one = _mm256_set1_epi8(1);
-    let (sc, mn) = k4_scales_mins64(scales);
+    let (qs, qh) = (xb.qs(), xb.qh());
+    let (sc, mn) = k4_scales_mins64(xb.scales12());
     let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
     let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
     let hbits = match qh {
@@ -148,38 +145,26 @@ unsafe fn k45_picks() -> [__m256i; 8] {
     pick
 }
 
-/// Q4_K × Q8_K for one row: the integers and both f32 chains of the 8-lane kernel.
+/// Q4_K / Q5_K × Q8_K for one row: the integers and both f32 chains of the 8-lane kernel.
 #[inline(always)]
-unsafe fn q4_k_row(x: &[BlockQ4K], a: &[BlockQ8K], pick: &[__m256i; 8]) -> f32 {
+unsafe fn k45_row<W: K45>(x: &[W], a: &[BlockQ8K], pick: &[__m256i; 8]) -> f32 {
     let (mut acc, mut accm) = (0f32, 0f32);
     for (xb, y) in x.iter().zip(a) {
-        let (si, mi) = k45_sums(&xb.qs, None, &xb.scales, y, pick);
+        let (si, mi) = k45_sums(xb, y, pick);
+        let (dx, dminx) = xb.d_dmin();
         let dy = y.d();
-        acc = (f16c(xb.d) * dy).mul_add(si as f32, acc);
-        accm = (f16c(xb.dmin) * dy).mul_add(mi as f32, accm);
+        acc = (dx * dy).mul_add(si as f32, acc);
+        accm = (dminx * dy).mul_add(mi as f32, accm);
     }
     acc - accm
 }
 
-/// Q5_K × Q8_K for one row: as [`q4_k_row`] with the fifth bits.
-#[inline(always)]
-unsafe fn q5_k_row(x: &[BlockQ5K], a: &[BlockQ8K], pick: &[__m256i; 8]) -> f32 {
-    let (mut acc, mut accm) = (0f32, 0f32);
-    for (xb, y) in x.iter().zip(a) {
-        let (si, mi) = k45_sums(&xb.qs, Some(&xb.qh), &xb.scales, y, pick);
-        let dy = y.d();
-        acc = (f16c(xb.d) * dy).mul_add(si as f32, acc);
-        accm = (f16c(xb.dmin) * dy).mul_add(mi as f32, accm);
-    }
-    acc - accm
-}
-
-/// One token through Q4_K rows (see `crate::traits::MatrixFn`; `acts` holds one row).
+/// One token through Q4_K or Q5_K rows (see `crate::traits::MatrixFn`; `acts` holds one row).
 ///
 /// # Safety
 /// As `crate::traits::MatrixFn`, with AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q4_k_rows(
+pub(crate) unsafe fn k45_rows<W: K45>(
     n: usize,
     w: &Rows,
     acts: &[&[u8]],
@@ -192,31 +177,8 @@ pub(crate) unsafe fn q4_k_rows(
     let a: &[BlockQ8K] = cast_blocks(acts[0]).expect("one activation row");
     let pick = k45_picks();
     for i in 0..w.count {
-        let x: &[BlockQ4K] = cast_blocks(w.row(i, nb * 144)).expect("one weight row");
-        out[i * row_stride] = q4_k_row(x, a, &pick);
-    }
-}
-
-/// One token through Q5_K rows (see `crate::traits::MatrixFn`; `acts` holds one row).
-///
-/// # Safety
-/// As `crate::traits::MatrixFn`, with AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q5_k_rows(
-    n: usize,
-    w: &Rows,
-    acts: &[&[u8]],
-    out: &mut [f32],
-    _tok_stride: usize,
-    row_stride: usize,
-) {
-    debug_assert_eq!(acts.len(), 1);
-    let nb = n / 256;
-    let a: &[BlockQ8K] = cast_blocks(acts[0]).expect("one activation row");
-    let pick = k45_picks();
-    for i in 0..w.count {
-        let x: &[BlockQ5K] = cast_blocks(w.row(i, nb * 176)).expect("one weight row");
-        out[i * row_stride] = q5_k_row(x, a, &pick);
+        let x: &[W] = cast_blocks(w.row(i, nb * size_of::<W>())).expect("one weight row");
+        out[i * row_stride] = k45_row(x, a, &pick);
     }
 }
 
