@@ -25,7 +25,14 @@ fn cols() -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(4096)
 }
-const ROWS: usize = 256;
+/// Rows: 256, or `HEARTH_BENCH_ROWS` (e.g. 262144 for a matrix far larger than the caches, where
+/// the read pattern shows).
+fn rows() -> usize {
+    std::env::var("HEARTH_BENCH_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
+}
 const TOKENS: usize = 8;
 
 fn f16_fields(ty: GgmlType) -> &'static [usize] {
@@ -42,9 +49,9 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
 
 fn weights(rng: &mut Rng, ty: GgmlType) -> Vec<u8> {
     let cols = cols();
-    let bytes = ty.row_bytes((ROWS * cols) as u64).unwrap() as usize;
+    let bytes = ty.row_bytes((rows() * cols) as u64).unwrap() as usize;
     if ty.block_size() == 1 {
-        let x: Vec<f32> = (0..ROWS * cols).map(|_| rng.normal()).collect();
+        let x: Vec<f32> = (0..rows() * cols).map(|_| rng.normal()).collect();
         let mut w = vec![0u8; bytes];
         quantize_row_at(Level::Scalar, ty, &x, &mut w).unwrap();
         return w;
@@ -80,7 +87,8 @@ fn main() {
         .collect();
     let levels = available_isas();
     let cols = cols();
-    println!("{ROWS} rows x {cols} columns");
+    let rows = rows();
+    println!("{rows} rows x {cols} columns");
     print!("{:<8} {:<7}", "type", "shape");
     for l in &levels {
         print!(" {:>9}", l.name());
@@ -99,7 +107,7 @@ fn main() {
             continue;
         }
         let w = weights(&mut rng, ty);
-        let wrow = w.len() / ROWS;
+        let wrow = w.len() / rows;
         let aty = vec_dot_type(ty);
         let arow = aty.row_bytes(cols as u64).unwrap() as usize;
         let mut acts = vec![0u8; arow * TOKENS];
@@ -107,7 +115,7 @@ fn main() {
             let x: Vec<f32> = (0..cols).map(|_| rng.normal()).collect();
             quantize_row_at(Level::Scalar, aty, &x, &mut acts[t * arow..(t + 1) * arow]).unwrap();
         }
-        let mut out = vec![0.0f32; ROWS * TOKENS];
+        let mut out = vec![0.0f32; rows * TOKENS];
         for (shape, tokens) in [
             ("decode", 1),
             ("tile8", TOKENS),
@@ -122,18 +130,18 @@ fn main() {
                         let wr = Rows {
                             data: &w,
                             stride: wrow,
-                            count: ROWS,
+                            count: rows,
                         };
                         let ar = Rows {
                             data: &acts,
                             stride: arow,
                             count: tokens,
                         };
-                        vec_dot_matrix_at(level, ty, cols, wr, ar, &mut out, ROWS);
+                        vec_dot_matrix_at(level, ty, cols, wr, ar, &mut out, rows);
                         black_box(&out);
                         return;
                     }
-                    for r in 0..ROWS {
+                    for r in 0..rows {
                         let wr = &w[r * wrow..(r + 1) * wrow];
                         if tokens == 1 {
                             out[r] = vec_dot_at(level, ty, cols, wr, &acts[..arow]);

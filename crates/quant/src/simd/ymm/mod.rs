@@ -431,16 +431,19 @@ pub(super) unsafe fn run<F: Fmt, D: Dp>(
                 // after next, which usually follows in memory, front to back, a share per chunk.
                 {
                     let span = LANES * w.stride;
-                    let share = span.div_ceil(n_chunks).next_multiple_of(128);
+                    let share = span.div_ceil(n_chunks).next_multiple_of(64);
                     let from = c0 / F::CHUNK * share;
                     let next = base.wrapping_add(2 * span);
                     let mut o = from;
-                    // One prefetch per 128 bytes: the L2's adjacent-line prefetcher brings in the
-                    // other line of each pair (half the loop overhead of one per line).
+                    // One prefetch per line. Every other line (relying on an adjacent-line
+                    // prefetcher for the rest) halved the streaming rate on Zen 4, which has none
+                    // that follows: 1 token x 94 MB of Q4_1, 576 columns, one thread, 7.9 -> 15.9
+                    // GB/s (`HEARTH_BENCH_ROWS=262144 HEARTH_BENCH_COLS=576 cargo bench --bench
+                    // dot_min`), SmolLM2 decode 105 -> 143 t/s.
                     while o < (from + share).min(span) {
                         // `wrapping_add`: a prefetch may point past the buffer; it is never read.
                         _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(o).cast());
-                        o += 128;
+                        o += 64;
                     }
                 }
                 if nt == 1 && F::DIRECT {
