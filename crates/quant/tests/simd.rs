@@ -214,10 +214,13 @@ fn matrix_is_bit_identical_to_single_dots() {
             let n = if ty.block_size() == 1 { 77 } else { 512 };
             let wrow = ty.row_bytes(n as u64).unwrap() as usize;
             let arow = aty.row_bytes(n as u64).unwrap() as usize;
-            // Ragged on both sides of the AVX-512 kernel's 16-row registers and 64-token passes.
+            // Ragged on both sides of the AVX-512 kernel's 16-row registers and 64-token passes, and
+            // of the one-token kernels' groups of 4 rows.
             for (n_w, n_acts) in [
                 (1, 1),
                 (3, 1),
+                (6, 1),
+                (13, 1),
                 (5, 7),
                 (2, 8),
                 (7, 11),
