@@ -4,7 +4,9 @@
 //! `cargo bench -p hearth-quant --bench dot_min [-- TYPE...]`. Shapes as benches/dot.rs: `decode`
 //! is 256 rows x 4096 columns against one activation row; `tile8` against 8 rows with
 //! `vec_dot_tile_at`, counting each weight byte once (per-token rate = 8x); `mat1` / `mat8` the
-//! same products with one `vec_dot_matrix_at` call over all rows.
+//! same products with one `vec_dot_matrix_at` call over all rows. `HEARTH_BENCH_ROWS` and
+//! `HEARTH_BENCH_COLS` change the shape: a matrix larger than the caches shows how a kernel streams
+//! from memory, which decode is bound by.
 
 use hearth_quant::simd::{
     available_isas, quantize_row_at, vec_dot_at, vec_dot_matrix_at, vec_dot_tile_at, Isa, Level,
