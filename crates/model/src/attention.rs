@@ -456,6 +456,10 @@ fn run_task(
             let kn = KEYS.min(max_len - k0);
             // One attention block is one pool block: its rows start at the block's first row.
             let (keys, values) = kv.block_rows(s, l, k0 / KEYS);
+            if k0 + KEYS < k_to {
+                let (nk, nv) = kv.block_rows(s, l, k0 / KEYS + 1);
+                prefetch_block(&nk, &nv, kvh, hd, hdv, g.vd);
+            }
             if let (
                 Rows::Quant {
                     ty,
@@ -704,6 +708,66 @@ fn load_block_body(
             _ => unreachable!("f16 and f32 values are stored as rows"),
         }
     }
+}
+
+/// Asks for KV head `kvh`'s keys and values of a block (all [`KEYS`] positions) to be brought into
+/// the L2 cache while the block before it is computed. A block's rows are read once per task, in
+/// the order of use, and at depth they come from memory: converting them on demand waited on
+/// every miss (12-layer MoE decode at depth 4096 on Zen 4: the conversion 18% of the samples, the
+/// arithmetic 7%). With the prefetch: 20.6 -> 22.3 t/s (AVX-512, medians of 3 alternating runs);
+/// on the AVX2 path within the noise.
+fn prefetch_block(keys: &Rows, values: &Rows, kvh: usize, hd: usize, hdv: usize, vd: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        /// Every 64-byte line of `len` bytes from `p`.
+        fn lines(p: *const u8, len: usize) {
+            for o in (0..len).step_by(64) {
+                // SAFETY: a prefetch never faults; `wrapping_add` stays within or just past
+                // the slice `p` points into.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(o).cast()) };
+            }
+        }
+        fn span<T>(x: &[T], from: usize, n: usize) -> (*const u8, usize) {
+            let sz = std::mem::size_of::<T>();
+            (
+                x.as_ptr().wrapping_add(from).cast(),
+                n.min(x.len().saturating_sub(from)) * sz,
+            )
+        }
+        // Row `k`'s `width` elements of head `kvh` (values, quantized keys).
+        let row = |rows: &Rows, k: usize, width: usize| match rows {
+            Rows::F16(x) => span(x, k * vd + kvh * width, width),
+            Rows::F32(x) => span(x, k * vd + kvh * width, width),
+            Rows::Quant { ty, data, stride } => {
+                let rb = ty.row_bytes(width);
+                span(data, k * stride + kvh * rb, rb)
+            }
+            Rows::F16T(_) | Rows::F32T(_) => (std::ptr::null(), 0),
+        };
+        match keys {
+            Rows::F16T(x) => {
+                let (p, n) = span(x, kvh * hd * KEYS, hd * KEYS);
+                lines(p, n);
+            }
+            Rows::F32T(x) => {
+                let (p, n) = span(x, kvh * hd * KEYS, hd * KEYS);
+                lines(p, n);
+            }
+            Rows::Quant { .. } => (0..KEYS).for_each(|k| {
+                let (p, n) = row(keys, k, hd);
+                lines(p, n);
+            }),
+            // Keys in f16 or f32 are stored transposed.
+            Rows::F16(_) | Rows::F32(_) => {}
+        }
+        for k in 0..KEYS {
+            let (p, n) = row(values, k, hdv);
+            lines(p, n);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (keys, values, kvh, hd, hdv, vd);
 }
 
 /// Where a block's raw scores `q · k` come from, for `N` queries.
