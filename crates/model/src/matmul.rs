@@ -205,20 +205,29 @@ const ROWS_PER_CALL: usize = 16;
 /// them less often. Tasks are then this many rows when the pass keeps at least 16 per thread.
 const PREFILL_ROWS_PER_CALL: usize = 64;
 
-/// Weight bytes per task when few tokens share each weight row (decode): each thread then streams
+/// Weight bytes per task when one token meets each weight row (decode): each thread then streams
 /// long runs of consecutive rows, which the hardware prefetchers follow (12-layer MoE tg128: 64 KB
 /// tasks 30-33 t/s, 256 KB 36-40, 1 MB 37-39; a plain 2-thread read of the mapped file peaks at
-/// ~26 GB/s here). The pass still keeps at least four tasks per thread.
+/// ~26 GB/s here).
 const TASK_BYTES: usize = 1 << 20;
 
-/// Rows per task for a product of `w` whose groups hold `tokens` rows in all: several kernel calls'
-/// worth when each weight byte serves few tokens, as long as the pass keeps at least four tasks
-/// per thread. Which task computes an output never changes its value.
+/// Rows per task for a product of `w` whose groups hold `tokens` rows in all. Which task computes
+/// an output never changes its value.
 fn rows_per_task(w: &Weight, n_groups: usize, tokens: usize, threads: usize) -> usize {
     rows_per_task_of(w.row_bytes, w.rows, n_groups, tokens, threads)
 }
 
 /// [`rows_per_task`] for `rows` rows that each read `row_bytes` bytes of weights.
+///
+/// Decode (one token per group): a group's rows in equal tasks of about [`TASK_BYTES`], and at
+/// least one task per thread over the pass. Every task starts a new stream from memory, whose
+/// first rows wait on the loads until the prefetches get ahead, so small matrices are cut into as
+/// few tasks as keep the threads busy: SmolLM2's 576-row products in two halves instead of eight
+/// 72-row tasks took decode from 119 to 139 t/s (medians of 6 alternating `hearth bench -p 0 -n
+/// 256` runs, Zen 4, AVX-512), and the loss of balance between the threads costs less than that.
+///
+/// Otherwise several kernel calls' worth of rows when each weight byte serves few tokens, as long
+/// as the pass keeps at least four tasks per thread.
 fn rows_per_task_of(
     row_bytes: usize,
     rows: usize,
@@ -226,11 +235,19 @@ fn rows_per_task_of(
     tokens: usize,
     threads: usize,
 ) -> usize {
-    let per_group = tokens.div_ceil(n_groups.max(1)).max(1);
+    let n_groups = n_groups.max(1);
+    let per_group = tokens.div_ceil(n_groups).max(1);
+    if per_group == 1 {
+        let mut tasks = (rows * row_bytes).div_ceil(TASK_BYTES).max(1);
+        if n_groups * tasks < threads {
+            tasks = threads.div_ceil(n_groups);
+        }
+        return rows.div_ceil(tasks).next_multiple_of(ROWS_PER_CALL).max(1);
+    }
     let mut calls = (TASK_BYTES / (ROWS_PER_CALL * row_bytes * per_group)).clamp(1, 64);
     // Prefill: tasks of a whole prefill call where there are enough of them that the threads
     // still finish together (SmolLM2's 576-row products in 9 tasks left a thread idle).
-    if per_group > 1 && n_groups * rows.div_ceil(PREFILL_ROWS_PER_CALL) >= 16 * threads {
+    if n_groups * rows.div_ceil(PREFILL_ROWS_PER_CALL) >= 16 * threads {
         calls = calls.max(PREFILL_ROWS_PER_CALL / ROWS_PER_CALL);
     }
     while calls > 1 && n_groups * rows.div_ceil(calls * ROWS_PER_CALL) < 4 * threads {
@@ -472,4 +489,27 @@ pub fn matmul(
     out_stride: usize,
 ) {
     matmul_gather(pool, w, acts, &[Group::all(n)], None, out, out_stride);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_tasks_are_equal_whole_calls_and_cover_every_thread() {
+        // (row bytes, rows, groups, threads) -> tasks of the pass
+        for (rb, rows, groups, threads, tasks) in [
+            (360, 576, 1, 2, 2),        // SmolLM2 Q4_1 576 x 576: two halves
+            (360, 576, 1, 4, 4),        // a quarter each on four threads
+            (720, 1536, 1, 2, 2),       // its gate + up, 1.1 MB: two tasks
+            (1680, 151_936, 1, 2, 244), // a Q6_K output of 255 MB: ~1 MB tasks
+            (2304, 768, 8, 2, 16),      // eight experts' gate + up, 1.8 MB each
+            (360, 40, 1, 2, 2),         // fewer rows than two calls
+            (360, 5, 1, 2, 1),          // fewer rows than one call: one task
+        ] {
+            let per = rows_per_task_of(rb, rows, groups, groups, threads);
+            assert_eq!(per % ROWS_PER_CALL, 0, "{rows} rows: {per} per task");
+            assert_eq!(groups * rows.div_ceil(per), tasks, "{rows} rows of {rb} B");
+        }
+    }
 }
