@@ -1041,6 +1041,7 @@ unsafe fn run<F: Fmt>(
         .cast::<[__m512; PASS]>();
     let q1 = scratch.add(P_ZMM + T_ZMM).cast::<u8>();
     if one {
+        crate::simd::prefetch_first_rows(w);
         F::prep_one(a[0], nb, q1);
     }
     if hoist && !one {

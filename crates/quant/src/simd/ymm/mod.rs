@@ -410,6 +410,9 @@ pub(super) unsafe fn run<F: Fmt, D: Dp>(
                 F::prep(a[j].add(blk * F::AB), &mut *q.add(j * nb + blk));
             }
         }
+        if nt == 1 {
+            crate::simd::prefetch_first_rows(w);
+        }
         let n_chunks = nb.div_ceil(F::CHUNK);
         let end = w.data.as_ptr().add(w.data.len());
         let mut r0 = 0;
