@@ -3,7 +3,9 @@
 //! One task covers a block of up to [`rows_per_task`] consecutive batch rows of one sequence and one
 //! KV head (with all the query heads that share it, or one of them when there would be too few tasks
 //! to keep the threads busy). Keys and values are read in blocks of [`KEYS`] positions, converted to
-//! f32 once per task and block and reused by every (row, head) of the task; the cache stores a
+//! f32 once per task and block and reused by every (row, head) of the task, or, when a task has
+//! no more queries than one kernel call takes (decode), read by the kernel where the cache holds
+//! them and widened as they are loaded (exact either way, so the same bits); the cache stores a
 //! block's keys transposed (positions along a row, see [`crate::kv_cache`]), so the conversion is
 //! a plain one and the scores of a query against a whole block are `head_dim` vector FMAs without
 //! horizontal sums.
@@ -125,6 +127,14 @@ pub(crate) const CHUNK: usize = 4 * KEYS;
 /// Split contexts by chunk when the calls' rows and KV heads alone give fewer tasks than this many
 /// per thread.
 const SPLIT_BELOW_PER_THREAD: usize = 4;
+
+/// Most queries per task for which the block kernel reads the cache's f16 or f32 rows in place
+/// (at most two calls of [`heads`] per block, each widening the block as it loads it); more
+/// convert each block into f32 scratch once. Decode at depth 4096, 2 threads, Zen 4: SmolLM2 (3
+/// query heads per KV head) 53.4 -> 63.5 t/s (AVX2 53.5 -> 64.6); the 12-layer Qwen3-MoE (8 per
+/// KV head) 24.4 / 22.1 -> 25.7 / 26.7, where a limit of 4 (its blocks still converted) gave 23.2
+/// / 20.3.
+const DIRECT_QUERIES: usize = 8;
 
 /// The chunk states of a split call are bounded by this many floats (16 MiB: one 16-row run of
 /// 32 heads of 128 at a depth of 16k); past it the call runs unsplit, which computes the same bits.
@@ -432,6 +442,11 @@ fn run_task(
     }
     let max_len = (t0..t1).map(|t| r.pos[t] + 1).max().unwrap_or(0);
     let first = (t0..t1).map(|t| r.lo[t]).min().unwrap_or(0);
+    // Few queries (decode: one row's query heads of this KV head): the block kernel reads an f16
+    // or f32 cache's rows where they are, widening as it loads, instead of the block converted
+    // into f32 scratch first and read back (35% of SmolLM2's decode at depth 4096). Many queries
+    // (prefill) convert a block once for all of them.
+    let direct = quant.is_none() && nq <= DIRECT_QUERIES;
     let chunks = if task.chunk == ALL {
         run.c0 as usize..(run.c0 + run.nc) as usize
     } else {
@@ -456,6 +471,17 @@ fn run_task(
             let kn = KEYS.min(max_len - k0);
             // One attention block is one pool block: its rows start at the block's first row.
             let (keys, values) = kv.block_rows(s, l, k0 / KEYS);
+            let blk = BlockRows {
+                level,
+                r,
+                rows: t0..t1,
+                k0,
+                hpt,
+                hd,
+                sw,
+                scale,
+                q: qs,
+            };
             if k0 + KEYS < k_to {
                 let (nk, nv) = kv.block_rows(s, l, k0 / KEYS + 1);
                 prefetch_block(&nk, &nv, kvh, hd, hdv, g.vd);
@@ -478,6 +504,20 @@ fn run_task(
                 kv_quant::scores(level, hd, &keys, q8, nq, &mut sc[..nq * KEYS]);
                 let vrows = KeyRows::head(*ty, vb, *vs, hdv, kvh, kn);
                 kv_quant::values(level, hdv, &vrows, &mut vals[..kn * hdv]);
+                let v = Vals::packed(&vals[..kn * hdv], hdv);
+                blk.run(&kt[..hd * KEYS], v, Some(&sc[..nq * KEYS]), state);
+            } else if direct {
+                match (&keys, &values) {
+                    (Rows::F16T(k), Rows::F16(v)) => {
+                        let (k, v) = in_place(k, v, kvh, hd, hdv, g.vd);
+                        blk.run(k, v, None, state)
+                    }
+                    (Rows::F32T(k), Rows::F32(v)) => {
+                        let (k, v) = in_place(k, v, kvh, hd, hdv, g.vd);
+                        blk.run(k, v, None, state)
+                    }
+                    _ => unreachable!("f16 and f32 keys are stored transposed, values as rows"),
+                }
             } else {
                 let at = KvAt {
                     k0: 0,
@@ -495,45 +535,8 @@ fn run_task(
                     hd,
                     hdv,
                 );
-            }
-            // Each row's live keys of the block, `ks..kc` (none: `kc == 0`).
-            let live_keys = |t: usize| {
-                let (len, lo) = (r.pos[t] + 1, r.lo[t]);
-                if len <= k0 || lo >= k0 + KEYS {
-                    (0, 0)
-                } else {
-                    (lo.saturating_sub(k0), KEYS.min(len - k0))
-                }
-            };
-            // Consecutive rows with the same live keys (all rows but the diagonal's in a
-            // prefill) have consecutive queries: up to four at a time across their heads.
-            let mut i = 0;
-            while i < t1 - t0 {
-                let (ks, kc) = live_keys(t0 + i);
-                let mut e = i + 1;
-                while e < t1 - t0 && live_keys(t0 + e) == (ks, kc) {
-                    e += 1;
-                }
-                if kc > 0 {
-                    let mut qi = i * hpt;
-                    while qi < e * hpt {
-                        let src = Src {
-                            kt: &kt[..hd * KEYS],
-                            q: qs,
-                            sc: quant.is_some().then_some(&sc[..]),
-                            hd,
-                            qi,
-                        };
-                        let (vals, st) = (&vals[..kc * hdv], &mut state[qi * sw..]);
-                        qi += match e * hpt - qi {
-                            1 => heads::<1>(level, &src, vals, ks..kc, scale, st, sw),
-                            2 => heads::<2>(level, &src, vals, ks..kc, scale, st, sw),
-                            3 => heads::<3>(level, &src, vals, ks..kc, scale, st, sw),
-                            _ => heads::<4>(level, &src, vals, ks..kc, scale, st, sw),
-                        };
-                    }
-                }
-                i = e;
+                let v = Vals::packed(&vals[..kn * hdv], hdv);
+                blk.run(&kt[..hd * KEYS], v, None, state);
             }
         }
         for (i, t) in (t0..t1).enumerate() {
@@ -572,11 +575,93 @@ fn run_task(
     }
 }
 
+/// KV head `kvh`'s keys (`[hd, KEYS]`) and values (rows of `hdv`, `vd` apart) in one pool block's
+/// transposed keys `k` and value rows `v`.
+fn in_place<'a, E>(
+    k: &'a [E],
+    v: &'a [E],
+    kvh: usize,
+    hd: usize,
+    hdv: usize,
+    vd: usize,
+) -> (&'a [E], Vals<'a, E>) {
+    let keys = &k[kvh * hd * KEYS..(kvh + 1) * hd * KEYS];
+    (
+        keys,
+        Vals {
+            x: &v[kvh * hdv..],
+            stride: vd,
+        },
+    )
+}
+
+/// One block of keys (from `k0`) against a task's rows: what its calls share.
+struct BlockRows<'a, 'r> {
+    level: Level,
+    r: &'a AttnRows<'r>,
+    rows: Range<usize>,
+    k0: usize,
+    hpt: usize,
+    hd: usize,
+    sw: usize,
+    scale: Scale,
+    /// The task's queries, `[rows × hpt, hd]`.
+    q: &'a [f32],
+}
+
+impl BlockRows<'_, '_> {
+    /// The rows' online-softmax `state`s updated with the block: keys `kt` (`[hd, KEYS]`, or the
+    /// raw scores `sc`, `[queries, KEYS]`, when given) and values `vals`.
+    fn run<E: Elem>(&self, kt: &[E], vals: Vals<E>, sc: Option<&[f32]>, state: &mut [f32]) {
+        let (r, k0, hpt, sw, scale) = (self.r, self.k0, self.hpt, self.sw, self.scale);
+        let (t0, t1) = (self.rows.start, self.rows.end);
+        // Each row's live keys of the block, `ks..kc` (none: `kc == 0`).
+        let live_keys = |t: usize| {
+            let (len, lo) = (r.pos[t] + 1, r.lo[t]);
+            if len <= k0 || lo >= k0 + KEYS {
+                (0, 0)
+            } else {
+                (lo.saturating_sub(k0), KEYS.min(len - k0))
+            }
+        };
+        // Consecutive rows with the same live keys (all rows but the diagonal's in a
+        // prefill) have consecutive queries: up to four at a time across their heads.
+        let mut i = 0;
+        while i < t1 - t0 {
+            let (ks, kc) = live_keys(t0 + i);
+            let mut e = i + 1;
+            while e < t1 - t0 && live_keys(t0 + e) == (ks, kc) {
+                e += 1;
+            }
+            if kc > 0 {
+                let mut qi = i * hpt;
+                while qi < e * hpt {
+                    let src = Src {
+                        kt,
+                        q: self.q,
+                        sc,
+                        hd: self.hd,
+                        qi,
+                    };
+                    let st = &mut state[qi * sw..];
+                    qi += match e * hpt - qi {
+                        1 => heads::<1, E>(self.level, &src, vals, ks..kc, scale, st, sw),
+                        2 => heads::<2, E>(self.level, &src, vals, ks..kc, scale, st, sw),
+                        3 => heads::<3, E>(self.level, &src, vals, ks..kc, scale, st, sw),
+                        _ => heads::<4, E>(self.level, &src, vals, ks..kc, scale, st, sw),
+                    };
+                }
+            }
+            i = e;
+        }
+    }
+}
+
 /// The queries of a task and where their scores come from: query `qi` (and the next ones) of
 /// `q` (`[nq, hd]`) against the transposed keys `kt`, or the quantized path's scores `sc`
 /// (`[nq, KEYS]`).
-struct Src<'a> {
-    kt: &'a [f32],
+struct Src<'a, E = f32> {
+    kt: &'a [E],
     q: &'a [f32],
     sc: Option<&'a [f32]>,
     hd: usize,
@@ -585,10 +670,10 @@ struct Src<'a> {
 
 /// [`block_n`] for the `N` query heads from `src.qi` on (their states from `state`, `sw` floats
 /// each); returns `N`.
-fn heads<const N: usize>(
+fn heads<const N: usize, E: Elem>(
     level: Level,
-    src: &Src,
-    vals: &[f32],
+    src: &Src<E>,
+    vals: Vals<E>,
     live: Range<usize>,
     scale: Scale,
     state: &mut [f32],
@@ -608,7 +693,7 @@ fn heads<const N: usize>(
     };
     let mut st = state[..N * sw].chunks_exact_mut(sw);
     let st: [&mut [f32]; N] = std::array::from_fn(|_| st.next().expect("N states"));
-    block_n::<N>(level, scores, vals, live, scale, st);
+    block_n::<N, E>(level, scores, vals, live, scale, st);
     N
 }
 
@@ -745,12 +830,61 @@ fn prefetch_runs<T>(x: &[T], first: usize, run: usize, stride: usize, count: usi
 
 /// Where a block's raw scores `q · k` come from, for `N` queries.
 #[derive(Clone, Copy)]
-enum Scores<'a, const N: usize> {
+enum Scores<'a, const N: usize, E = f32> {
     /// Computed in the block kernel: each query (`[head_dim]`) against the block's keys
     /// transposed (`kt`: `[head_dim, KEYS]`), one FMA chain per key over the head dimension.
-    Keys { kt: &'a [f32], q: [&'a [f32]; N] },
+    Keys { kt: &'a [E], q: [&'a [f32]; N] },
     /// Computed already, one `[KEYS]` vector per query (a quantized cache: [`kv_quant::scores`]).
     Given([&'a [f32; KEYS]; N]),
+}
+
+/// A block's values: row `k` (`[head_dim_v]`) at `x[k * stride..]`.
+#[derive(Clone, Copy)]
+struct Vals<'a, E = f32> {
+    x: &'a [E],
+    stride: usize,
+}
+
+impl<'a> Vals<'a> {
+    /// Rows of `hdv` f32 one after the other.
+    fn packed(x: &'a [f32], hdv: usize) -> Vals<'a> {
+        Vals { x, stride: hdv }
+    }
+}
+
+/// An element of the keys and values the block kernel reads: f32, or the cache's f16 widened to
+/// f32 as it is loaded (exact, so the same bits as a block converted beforehand).
+trait Elem: Copy {
+    /// `x` as f32, through level `S`'s instructions.
+    ///
+    /// # Safety
+    /// The CPU must have `S`'s features.
+    unsafe fn widen<S: Soft, const W: usize>(x: &[Self; W]) -> [f32; W];
+    /// One element as f32.
+    fn f32(self) -> f32;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    unsafe fn widen<S: Soft, const W: usize>(x: &[f32; W]) -> [f32; W] {
+        *x
+    }
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self
+    }
+}
+
+impl Elem for f16 {
+    #[inline(always)]
+    unsafe fn widen<S: Soft, const W: usize>(x: &[f16; W]) -> [f32; W] {
+        // SAFETY: the caller's CPU has `S`'s features.
+        unsafe { S::f16s(x) }
+    }
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self.to_f32()
+    }
 }
 
 /// One block of keys for one query: the scores `q · k * scale` of the block's live keys `live`
@@ -766,16 +900,17 @@ fn block(
     scale: Scale,
     state: &mut [f32],
 ) {
-    block_n::<1>(level, src, vals, live, scale, [state])
+    let hdv = state.len() - 2;
+    block_n::<1, f32>(level, src, Vals::packed(vals, hdv), live, scale, [state])
 }
 
 /// [`block`] for `N` queries at once (query heads of one row, so the same keys): every key and
 /// value loaded serves the `N` of them. Each query's operations are those of [`block`], in the
 /// same order, so the results are the same bits.
-fn block_n<const N: usize>(
+fn block_n<const N: usize, E: Elem>(
     level: Level,
-    src: Scores<N>,
-    vals: &[f32],
+    src: Scores<N, E>,
+    vals: Vals<E>,
     live: Range<usize>,
     scale: Scale,
     state: [&mut [f32]; N],
@@ -784,39 +919,39 @@ fn block_n<const N: usize>(
     {
         match level {
             // SAFETY: the level is at most what the CPU supports (hearth_quant checks).
-            Level::Avx512 => return unsafe { block_avx512::<N>(src, vals, live, scale, state) },
-            Level::Avx2 => return unsafe { block_avx2::<N>(src, vals, live, scale, state) },
+            Level::Avx512 => return unsafe { block_avx512::<N, E>(src, vals, live, scale, state) },
+            Level::Avx2 => return unsafe { block_avx2::<N, E>(src, vals, live, scale, state) },
             Level::Scalar => {}
         }
     }
     let _ = level;
-    block_body::<N, ScalarSoft, KEYS, OUT_CHUNK>(src, vals, live, scale, state)
+    block_body::<N, E, ScalarSoft, KEYS, OUT_CHUNK>(src, vals, live, scale, state)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn block_avx512<const N: usize>(
-    src: Scores<N>,
-    vals: &[f32],
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+unsafe fn block_avx512<const N: usize, E: Elem>(
+    src: Scores<N, E>,
+    vals: Vals<E>,
     live: Range<usize>,
     scale: Scale,
     state: [&mut [f32]; N],
 ) {
-    block_body::<N, Avx512Soft, KEYS, OUT_CHUNK>(src, vals, live, scale, state)
+    block_body::<N, E, Avx512Soft, KEYS, OUT_CHUNK>(src, vals, live, scale, state)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2<const N: usize>(
-    src: Scores<N>,
-    vals: &[f32],
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_avx2<const N: usize, E: Elem>(
+    src: Scores<N, E>,
+    vals: Vals<E>,
     live: Range<usize>,
     scale: Scale,
     state: [&mut [f32]; N],
 ) {
     // 16 ymm registers: 16 keys and 16 outputs of 4 queries (8 accumulators) at a time; 64 of
     // each, as on AVX-512, spilled the accumulators to the stack on every FMA.
-    block_body::<N, Avx2Soft, 16, 16>(src, vals, live, scale, state)
+    block_body::<N, E, Avx2Soft, 16, 16>(src, vals, live, scale, state)
 }
 
 /// A block's softmax steps, per kernel level; every level gives the same bits (the scalar code's
@@ -835,6 +970,11 @@ trait Soft {
     /// # Safety
     /// As [`Soft::scale_max`].
     unsafe fn exp_sum(s: &[f32; KEYS], ks: usize, kc: usize, m: f32, p: &mut [f32; KEYS]) -> f32;
+    /// `x` widened to f32 (exact).
+    ///
+    /// # Safety
+    /// As [`Soft::scale_max`].
+    unsafe fn f16s<const W: usize>(x: &[f16; W]) -> [f32; W];
 }
 
 /// The plain code (auto-vectorised as far as the compiler manages).
@@ -881,6 +1021,11 @@ impl Soft for ScalarSoft {
             }
         }
         lanes[0]
+    }
+
+    #[inline(always)]
+    unsafe fn f16s<const W: usize>(x: &[f16; W]) -> [f32; W] {
+        std::array::from_fn(|i| x[i].to_f32())
     }
 }
 
@@ -956,6 +1101,19 @@ impl Soft for Avx512Soft {
             acc = _mm512_add_ps(acc, e);
         }
         halve16(acc)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    unsafe fn f16s<const W: usize>(x: &[f16; W]) -> [f32; W] {
+        use std::arch::x86_64::*;
+        const { assert!(W.is_multiple_of(16)) };
+        let mut y = [0f32; W];
+        for i in (0..W).step_by(16) {
+            let h = _mm256_loadu_si256(x.as_ptr().add(i).cast());
+            _mm512_storeu_ps(y.as_mut_ptr().add(i), _mm512_cvtph_ps(h));
+        }
+        y
     }
 }
 
@@ -1038,6 +1196,19 @@ impl Soft for Avx2Soft {
             acc[c % 2] = _mm256_add_ps(acc[c % 2], e);
         }
         halve8(_mm256_add_ps(acc[0], acc[1]))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16s<const W: usize>(x: &[f16; W]) -> [f32; W] {
+        use std::arch::x86_64::*;
+        const { assert!(W.is_multiple_of(8)) };
+        let mut y = [0f32; W];
+        for i in (0..W).step_by(8) {
+            let h = _mm_loadu_si128(x.as_ptr().add(i).cast());
+            _mm256_storeu_ps(y.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+        y
     }
 }
 
@@ -1211,16 +1382,17 @@ const OUT_CHUNK: usize = 64;
 /// at a time (sized to the level's register file). Neither changes any element's operations or
 /// their order, only which elements are computed together.
 #[inline(always)]
-fn block_body<const N: usize, S: Soft, const KS: usize, const OC: usize>(
-    src: Scores<N>,
-    vals: &[f32],
+fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize>(
+    src: Scores<N, E>,
+    vals: Vals<E>,
     live: Range<usize>,
     scale: Scale,
     state: [&mut [f32]; N],
 ) {
     let hdv = state[0].len() - 2;
     let (ks, kc) = (live.start, live.end);
-    assert!(ks < kc && kc <= KEYS && vals.len() == kc * hdv);
+    let (vx, vs) = (vals.x, vals.stride);
+    assert!(ks < kc && kc <= KEYS && vs >= hdv && vx.len() >= (kc - 1) * vs + hdv);
     assert!(state.iter().all(|st| st.len() == hdv + 2));
     let mut s = [[0f32; KEYS]; N];
     match src {
@@ -1233,7 +1405,9 @@ fn block_body<const N: usize, S: Soft, const KS: usize, const OC: usize>(
                 // A local array the compiler keeps in registers through the chain.
                 let mut acc = [[0f32; KS]; N];
                 for d in 0..hd {
-                    let col: &[f32; KS] = kt[d * KEYS + kb..][..KS].try_into().expect("KS wide");
+                    let col: &[E; KS] = kt[d * KEYS + kb..][..KS].try_into().expect("KS wide");
+                    // SAFETY: `S` is the caller's kernel level, which the CPU has.
+                    let col = unsafe { E::widen::<S, KS>(col) };
                     for n in 0..N {
                         let qd = q[n][d];
                         for k in 0..KS {
@@ -1280,9 +1454,9 @@ fn block_body<const N: usize, S: Soft, const KS: usize, const OC: usize>(
             }
         }
         for k in ks..kc {
-            let v: &[f32; OC] = vals[k * hdv + e0..k * hdv + e0 + OC]
-                .try_into()
-                .expect("chunk");
+            let v: &[E; OC] = vx[k * vs + e0..k * vs + e0 + OC].try_into().expect("chunk");
+            // SAFETY: as above.
+            let v = unsafe { E::widen::<S, OC>(v) };
             for n in 0..N {
                 let pk = p[n][k];
                 for i in 0..OC {
@@ -1299,7 +1473,7 @@ fn block_body<const N: usize, S: Soft, const KS: usize, const OC: usize>(
         for e in e0..hdv {
             let mut acc = state[n][e] * alpha[n];
             for k in ks..kc {
-                acc = p[n][k].mul_add(vals[k * hdv + e], acc);
+                acc = p[n][k].mul_add(vx[k * vs + e].f32(), acc);
             }
             state[n][e] = acc;
         }
@@ -1363,16 +1537,16 @@ mod tests {
                     .map(|q| {
                         let mut st = fresh();
                         let src = Scores::Keys { kt: &kt, q: [q] };
-                        block_body::<1, ScalarSoft, KEYS, OUT_CHUNK>(
+                        block_body::<1, f32, ScalarSoft, KEYS, OUT_CHUNK>(
                             src,
-                            vals,
+                            Vals::packed(vals, hdv),
                             ks..kc,
                             sc,
                             [&mut st],
                         );
-                        block_body::<1, ScalarSoft, KEYS, OUT_CHUNK>(
+                        block_body::<1, f32, ScalarSoft, KEYS, OUT_CHUNK>(
                             src,
-                            vals,
+                            Vals::packed(vals, hdv),
                             ks..kc,
                             sc,
                             [&mut st],
@@ -1405,7 +1579,8 @@ mod tests {
                         let mut it = four.iter_mut();
                         let st: [&mut [f32]; 4] =
                             std::array::from_fn(|_| &mut it.next().unwrap()[..]);
-                        block_n::<4>(level, Scores::Keys { kt: &kt, q }, vals, ks..kc, sc, st);
+                        let (src, v) = (Scores::Keys { kt: &kt, q }, Vals::packed(vals, hdv));
+                        block_n::<4, f32>(level, src, v, ks..kc, sc, st);
                     }
                     for n in 0..4 {
                         assert_eq!(
@@ -1428,8 +1603,13 @@ mod tests {
                             s[hdv] = f32::NEG_INFINITY;
                         }
                         for _ in 0..2 {
-                            let f = if m == 2 { heads::<2> } else { heads::<3> };
-                            assert_eq!(f(level, &src, vals, ks..kc, sc, &mut st, hdv + 2), m);
+                            let f = if m == 2 {
+                                heads::<2, f32>
+                            } else {
+                                heads::<3, f32>
+                            };
+                            let v = Vals::packed(vals, hdv);
+                            assert_eq!(f(level, &src, v, ks..kc, sc, &mut st, hdv + 2), m);
                         }
                         for n in 0..m {
                             let got = &st[n * (hdv + 2)..(n + 1) * (hdv + 2)];
@@ -1505,6 +1685,85 @@ mod tests {
                                 assert_eq!(vals[k * hdv + e].to_bits(), want.to_bits());
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn direct_cache_reads_equal_converted_blocks() {
+        // Decode's block kernel reading an f16 or f32 cache's rows in place (KV head 1 of 2, so
+        // strided values; a full block and a partial one, whose dead key lanes hold whatever the
+        // pool has) gives the bits of the block converted into f32 scratch first, at every level,
+        // for 1 to 8 query heads (up to two kernel calls) and a live range that starts inside the
+        // block.
+        for (hd, hdv) in [(64, 64), (72, 40)] {
+            let (kvh, n_kv) = (1, 2);
+            let (kd, vd) = (n_kv * hd, n_kv * hdv);
+            let n = KEYS + 36;
+            let kf: Vec<f32> = (0..n * kd).map(|i| ((i as f32) * 0.37).sin()).collect();
+            let vf: Vec<f32> = (0..n * vd).map(|i| ((i as f32) * 0.11).cos()).collect();
+            let q: Vec<f32> = (0..8 * hd).map(|i| ((i as f32) * 0.7).sin()).collect();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for ty in [KvType::F16, KvType::F32] {
+                let mut kv = KvCache::new(1, 2, 2 * KEYS, kd, vd, ty);
+                for p in 0..n {
+                    let (k, v) = (&kf[p * kd..(p + 1) * kd], &vf[p * vd..(p + 1) * vd]);
+                    kv.store(0, 1, p, k, v);
+                }
+                for ((b, kn), (lo, hpt)) in [(0, KEYS), (1, 36)]
+                    .into_iter()
+                    .flat_map(|b| [(0, 1), (0, 3), (5, 4), (70, 2), (0, 8), (5, 6)].map(|x| (b, x)))
+                {
+                    let k0 = b * KEYS;
+                    let (pos, lo, seq) = ([k0 + kn - 1], [lo], [0]);
+                    let r = AttnRows {
+                        q: &q[..hpt * hd],
+                        pos: &pos,
+                        lo: &lo,
+                        seq: &seq,
+                        scale: 0.125,
+                        softcap: None,
+                    };
+                    let (keys, values) = kv.block_rows(0, 1, b);
+                    for level in hearth_quant::simd::available_levels() {
+                        let blk = BlockRows {
+                            level,
+                            r: &r,
+                            rows: 0..1,
+                            k0,
+                            hpt,
+                            hd,
+                            sw: hdv + 2,
+                            scale: Scale::new(0.125, None),
+                            q: &q[..hpt * hd],
+                        };
+                        let fresh = || {
+                            let mut st = vec![0f32; hpt * (hdv + 2)];
+                            for s in st.chunks_exact_mut(hdv + 2) {
+                                s[hdv] = f32::NEG_INFINITY;
+                            }
+                            st
+                        };
+                        let mut want = fresh();
+                        let (mut kt, mut vals) = (vec![0f32; hd * KEYS], vec![0f32; kn * hdv]);
+                        let at = KvAt { k0: 0, kn, vd, kvh };
+                        load_block(level, &keys, &values, &at, &mut kt, &mut vals, hd, hdv);
+                        blk.run(&kt, Vals::packed(&vals, hdv), None, &mut want);
+                        let mut got = fresh();
+                        match (&keys, &values) {
+                            (Rows::F16T(k), Rows::F16(v)) => {
+                                let (k, v) = in_place(k, v, kvh, hd, hdv, vd);
+                                blk.run(k, v, None, &mut got)
+                            }
+                            (Rows::F32T(k), Rows::F32(v)) => {
+                                let (k, v) = in_place(k, v, kvh, hd, hdv, vd);
+                                blk.run(k, v, None, &mut got)
+                            }
+                            _ => unreachable!(),
+                        }
+                        assert_eq!(bits(&got), bits(&want), "{ty:?}, {level}, block {b}, {hpt}");
                     }
                 }
             }
