@@ -507,17 +507,7 @@ fn run_task(
                 let v = Vals::packed(&vals[..kn * hdv], hdv);
                 blk.run(&kt[..hd * KEYS], v, Some(&sc[..nq * KEYS]), state);
             } else if direct {
-                match (&keys, &values) {
-                    (Rows::F16T(k), Rows::F16(v)) => {
-                        let (k, v) = in_place(k, v, kvh, hd, hdv, g.vd);
-                        blk.run(k, v, None, state)
-                    }
-                    (Rows::F32T(k), Rows::F32(v)) => {
-                        let (k, v) = in_place(k, v, kvh, hd, hdv, g.vd);
-                        blk.run(k, v, None, state)
-                    }
-                    _ => unreachable!("f16 and f32 keys are stored transposed, values as rows"),
-                }
+                blk.run_in_place(&keys, &values, kvh, hdv, g.vd, state);
             } else {
                 let at = KvAt {
                     k0: 0,
@@ -575,26 +565,6 @@ fn run_task(
     }
 }
 
-/// KV head `kvh`'s keys (`[hd, KEYS]`) and values (rows of `hdv`, `vd` apart) in one pool block's
-/// transposed keys `k` and value rows `v`.
-fn in_place<'a, E>(
-    k: &'a [E],
-    v: &'a [E],
-    kvh: usize,
-    hd: usize,
-    hdv: usize,
-    vd: usize,
-) -> (&'a [E], Vals<'a, E>) {
-    let keys = &k[kvh * hd * KEYS..(kvh + 1) * hd * KEYS];
-    (
-        keys,
-        Vals {
-            x: &v[kvh * hdv..],
-            stride: vd,
-        },
-    )
-}
-
 /// One block of keys (from `k0`) against a task's rows: what its calls share.
 struct BlockRows<'a, 'r> {
     level: Level,
@@ -610,6 +580,37 @@ struct BlockRows<'a, 'r> {
 }
 
 impl BlockRows<'_, '_> {
+    /// [`BlockRows::run`] on KV head `kvh` of an f16 or f32 pool block as the cache holds it:
+    /// its transposed keys, and its value rows of `hdv` within rows of `vd`.
+    fn run_in_place(
+        &self,
+        keys: &Rows,
+        values: &Rows,
+        kvh: usize,
+        hdv: usize,
+        vd: usize,
+        state: &mut [f32],
+    ) {
+        let kr = kvh * self.hd * KEYS..(kvh + 1) * self.hd * KEYS;
+        match (keys, values) {
+            (Rows::F16T(k), Rows::F16(v)) => {
+                let v = Vals {
+                    x: &v[kvh * hdv..],
+                    stride: vd,
+                };
+                self.run(&k[kr], v, None, state)
+            }
+            (Rows::F32T(k), Rows::F32(v)) => {
+                let v = Vals {
+                    x: &v[kvh * hdv..],
+                    stride: vd,
+                };
+                self.run(&k[kr], v, None, state)
+            }
+            _ => unreachable!("f16 and f32 keys are stored transposed, values as rows"),
+        }
+    }
+
     /// The rows' online-softmax `state`s updated with the block: keys `kt` (`[hd, KEYS]`, or the
     /// raw scores `sc`, `[queries, KEYS]`, when given) and values `vals`.
     fn run<E: Elem>(&self, kt: &[E], vals: Vals<E>, sc: Option<&[f32]>, state: &mut [f32]) {
@@ -1621,33 +1622,45 @@ mod tests {
         }
     }
 
+    /// KV heads per position in [`filled_cache`], and the one the tests read.
+    const N_KV: usize = 2;
+    const KVH: usize = 1;
+    /// Positions [`filled_cache`] stores: a full block and 36 of the next.
+    const FILLED: usize = KEYS + 36;
+
+    /// A two-layer cache of `ty` with [`FILLED`] positions stored at layer 1 (sequence 0) for
+    /// [`N_KV`] heads of `hd` / `hdv`, and the keys and values stored (`[FILLED, N_KV * hd]`,
+    /// `[FILLED, N_KV * hdv]`, before any rounding to f16).
+    fn filled_cache(hd: usize, hdv: usize, ty: KvType) -> (KvCache, Vec<f32>, Vec<f32>) {
+        let (kd, vd) = (N_KV * hd, N_KV * hdv);
+        let kf: Vec<f32> = (0..FILLED * kd)
+            .map(|i| ((i as f32) * 0.37).sin())
+            .collect();
+        let vf: Vec<f32> = (0..FILLED * vd)
+            .map(|i| ((i as f32) * 0.11).cos())
+            .collect();
+        let mut kv = KvCache::new(1, 2, 2 * KEYS, kd, vd, ty);
+        for p in 0..FILLED {
+            let (k, v) = (&kf[p * kd..(p + 1) * kd], &vf[p * vd..(p + 1) * vd]);
+            kv.store(0, 1, p, k, v);
+        }
+        (kv, kf, vf)
+    }
+
     #[test]
     fn load_block_reads_what_the_cache_stored() {
         // f16 and f32 caches (keys stored transposed), head dimensions with odd tails, a full
         // block and a partial one: `kt` is each position's key as stored (zeros past the last
         // position), `vals` its value.
         for (hd, hdv) in [(72, 40), (68, 36)] {
-            let (kvh, n_kv) = (1, 2);
-            let (kd, vd) = (n_kv * hd, n_kv * hdv);
-            let n = KEYS + 36;
-            let kf: Vec<f32> = (0..n * kd).map(|i| ((i as f32) * 0.37).sin()).collect();
-            let vf: Vec<f32> = (0..n * vd).map(|i| ((i as f32) * 0.11).cos()).collect();
+            let (kvh, kd, vd) = (KVH, N_KV * hd, N_KV * hdv);
             for ty in [KvType::F16, KvType::F32] {
                 let round = |x: f32| match ty {
                     KvType::F16 => f16::from_f32(x).to_f32(),
                     _ => x,
                 };
-                let mut kv = KvCache::new(1, 2, 2 * KEYS, kd, vd, ty);
-                for p in 0..n {
-                    kv.store(
-                        0,
-                        1,
-                        p,
-                        &kf[p * kd..(p + 1) * kd],
-                        &vf[p * vd..(p + 1) * vd],
-                    );
-                }
-                for (b, kn) in [(0, KEYS), (1, 36)] {
+                let (kv, kf, vf) = filled_cache(hd, hdv, ty);
+                for (b, kn) in [(0, KEYS), (1, FILLED - KEYS)] {
                     let (keys, values) = kv.block_rows(0, 1, b);
                     let at = KvAt { k0: 0, kn, vd, kvh };
                     let run = |level| {
@@ -1699,20 +1712,12 @@ mod tests {
         // for 1 to 8 query heads (up to two kernel calls) and a live range that starts inside the
         // block.
         for (hd, hdv) in [(64, 64), (72, 40)] {
-            let (kvh, n_kv) = (1, 2);
-            let (kd, vd) = (n_kv * hd, n_kv * hdv);
-            let n = KEYS + 36;
-            let kf: Vec<f32> = (0..n * kd).map(|i| ((i as f32) * 0.37).sin()).collect();
-            let vf: Vec<f32> = (0..n * vd).map(|i| ((i as f32) * 0.11).cos()).collect();
+            let (kvh, vd) = (KVH, N_KV * hdv);
             let q: Vec<f32> = (0..8 * hd).map(|i| ((i as f32) * 0.7).sin()).collect();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             for ty in [KvType::F16, KvType::F32] {
-                let mut kv = KvCache::new(1, 2, 2 * KEYS, kd, vd, ty);
-                for p in 0..n {
-                    let (k, v) = (&kf[p * kd..(p + 1) * kd], &vf[p * vd..(p + 1) * vd]);
-                    kv.store(0, 1, p, k, v);
-                }
-                for ((b, kn), (lo, hpt)) in [(0, KEYS), (1, 36)]
+                let (kv, _, _) = filled_cache(hd, hdv, ty);
+                for ((b, kn), (lo, hpt)) in [(0, KEYS), (1, FILLED - KEYS)]
                     .into_iter()
                     .flat_map(|b| [(0, 1), (0, 3), (5, 4), (70, 2), (0, 8), (5, 6)].map(|x| (b, x)))
                 {
@@ -1752,17 +1757,7 @@ mod tests {
                         load_block(level, &keys, &values, &at, &mut kt, &mut vals, hd, hdv);
                         blk.run(&kt, Vals::packed(&vals, hdv), None, &mut want);
                         let mut got = fresh();
-                        match (&keys, &values) {
-                            (Rows::F16T(k), Rows::F16(v)) => {
-                                let (k, v) = in_place(k, v, kvh, hd, hdv, vd);
-                                blk.run(k, v, None, &mut got)
-                            }
-                            (Rows::F32T(k), Rows::F32(v)) => {
-                                let (k, v) = in_place(k, v, kvh, hd, hdv, vd);
-                                blk.run(k, v, None, &mut got)
-                            }
-                            _ => unreachable!(),
-                        }
+                        blk.run_in_place(&keys, &values, kvh, hdv, vd, &mut got);
                         assert_eq!(bits(&got), bits(&want), "{ty:?}, {level}, block {b}, {hpt}");
                     }
                 }
