@@ -211,25 +211,30 @@ fn matrix_is_bit_identical_to_single_dots() {
     for level in available_isas() {
         for ty in dot_types() {
             let aty = vec_dot_type(ty);
-            let n = if ty.block_size() == 1 { 77 } else { 512 };
-            let wrow = ty.row_bytes(n as u64).unwrap() as usize;
-            let arow = aty.row_bytes(n as u64).unwrap() as usize;
+            let short = if ty.block_size() == 1 { 77 } else { 512 };
             // Ragged on both sides of the AVX-512 kernel's 16-row registers and 64-token passes, and
-            // of the one-token kernels' groups of 4 rows.
-            for (n_w, n_acts) in [
-                (1, 1),
-                (3, 1),
-                (6, 1),
-                (13, 1),
-                (5, 7),
-                (2, 8),
-                (7, 11),
-                (17, 3),
-                (16, 33),
-                (35, 2),
-                (3, 47),
-                (9, 65),
-            ] {
+            // of the one-token kernels' groups of 4 rows. Rows of 65 super-blocks go past what
+            // the AVX2 one-row K-quant kernels keep of the activation on the stack.
+            let long = (ty.block_size() == 256).then_some((256 * 65, 3, 1));
+            for (n, n_w, n_acts) in [
+                (short, 1, 1),
+                (short, 3, 1),
+                (short, 6, 1),
+                (short, 13, 1),
+                (short, 5, 7),
+                (short, 2, 8),
+                (short, 7, 11),
+                (short, 17, 3),
+                (short, 16, 33),
+                (short, 35, 2),
+                (short, 3, 47),
+                (short, 9, 65),
+            ]
+            .into_iter()
+            .chain(long)
+            {
+                let wrow = ty.row_bytes(n as u64).unwrap() as usize;
+                let arow = aty.row_bytes(n as u64).unwrap() as usize;
                 // Weight rows padded by 3 bytes, activation rows packed.
                 let wstride = wrow + 3;
                 let mut w = vec![0u8; wstride * n_w];

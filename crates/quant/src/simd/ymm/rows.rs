@@ -17,6 +17,18 @@ use crate::k_quants::{BlockQ6K, BlockQ8K};
 use crate::simd::avx2::{f16c, k4_scales_mins64, K45};
 use crate::simd::Rows;
 
+/// Leaves the shuffle-control register `$v` as it is, but hidden from LLVM, which would otherwise
+/// see its constant pattern and rewrite each `vpshufb` by it (1 µop) as a shift and a broadcast
+/// (2): in the Q4_K loop 15 instructions per super-block instead of 8. Only in functions with AVX.
+macro_rules! opaque {
+    ($v:expr) => {
+        // SAFETY: an empty instruction string; the register is read and written back unchanged.
+        unsafe {
+            std::arch::asm!("/* {0} */", inout(ymm_reg) $v, options(pure, nomem, nostack, preserves_flags))
+        }
+    };
+}
+
 /// Horizontal sum of 8 i32 lanes (exact).
 #[inline(always)]
 unsafe fn hsum_epi32(v: __m256i) -> i32 {
@@ -29,24 +41,21 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
 /// Q6_K × Q8_K for one row: `Σ_b fma(d_b · dy_b, isum_b, acc)` in block order, `isum_b` the exact
 /// `Σ (q - 32) · sc · y` of super-block `b` (the `- 32` through the activation's 16-element sums).
 #[inline(always)]
-unsafe fn q6_k_row(x: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
+unsafe fn q6_k_row(x: &[BlockQ6K], a: &[BlockQ8K], split: &__m256i, pick: &[__m256i; 8]) -> f32 {
     let m4 = _mm256_set1_epi8(0x0f);
     let m2 = _mm256_set1_epi8(0x03);
-    // Dword 2g of the pair register in the low half, 2g + 1 in the high half (no closure: it
-    // would not inherit the target features).
-    let idx = [
-        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
-        _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
-        _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
-        _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7),
-    ];
     let mut acc = 0f32;
     for (xb, y) in x.iter().zip(a) {
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(xb.scales.as_ptr().cast()));
-        let corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256(y.bsums.as_ptr().cast()));
-        // Scale `s` as the i16 pair `[s, s]`: scales 0..8 in `pairs[0]`, 8..16 in `pairs[1]`.
-        let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(sc16);
-        let pairs = [_mm256_unpacklo_epi16(p, p), _mm256_unpackhi_epi16(p, p)];
+        let sc = _mm_loadu_si128(xb.scales.as_ptr().cast());
+        let corr = _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(sc),
+            _mm256_loadu_si256(y.bsums.as_ptr().cast()),
+        );
+        // The even scales as i16 in the low half, the odd ones in the high half (`x * 257 >> 8`
+        // sign-extends byte pairs `[x, x]`); `pick[4n + g]` then spreads scale 8n + 2g over the
+        // low half and 8n + 2g + 1 over the high half with one `vpshufb`.
+        let eo = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(sc), *split);
+        let eo = _mm256_srai_epi16(_mm256_unpacklo_epi8(eo, eo), 8);
         let mut sumi = _mm256_setzero_si256();
         for n in 0..2 {
             let ql = [
@@ -67,7 +76,7 @@ unsafe fn q6_k_row(x: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
                 let q = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
                 let yq = _mm256_loadu_si256(y.qs[128 * n + 32 * g..].as_ptr().cast());
                 // Scales 8n + 2g (elements 0..16 of the group) and 8n + 2g + 1 (16..32).
-                let s = _mm256_permutevar8x32_epi32(pairs[n], idx[g]);
+                let s = _mm256_shuffle_epi8(eo, pick[4 * n + g]);
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q, yq), s));
             }
         }
@@ -82,7 +91,7 @@ unsafe fn q6_k_row(x: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
 /// high ones, which meet activation bytes `64c..64c + 32` and `64c + 32..64c + 64` as they lie;
 /// `pick[s]` spreads scale `s` (an i16 in both halves of `sc`) over every lane.
 #[inline(always)]
-unsafe fn k45_sums<W: K45>(xb: &W, y: &BlockQ8K, pick: &[__m256i; 8]) -> (i32, i32) {
+unsafe fn k45_sums<W: K45>(xb: &W, y: &BlockQ8K, q8s: __m128i, pick: &[__m256i; 8]) -> (i32, i32) {
     let m4 = _mm256_set1_epi8(0x0f);
     let one = _mm256_set1_epi8(1);
     let (qs, qh) = (xb.qs(), xb.qh());
@@ -120,11 +129,6 @@ unsafe fn k45_sums<W: K45>(xb: &W, y: &BlockQ8K, pick: &[__m256i; 8]) -> (i32, i
         );
         sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
     }
-    let bs = _mm256_loadu_si256(y.bsums.as_ptr().cast());
-    let q8s = _mm_hadd_epi16(
-        _mm256_castsi256_si128(bs),
-        _mm256_extracti128_si256::<1>(bs),
-    );
     let ms = _mm_madd_epi16(mins, q8s);
     let v4 = _mm_add_epi32(
         _mm256_castsi256_si128(sumi),
@@ -147,10 +151,10 @@ unsafe fn k45_picks() -> [__m256i; 8] {
 
 /// Q4_K / Q5_K × Q8_K for one row: the integers and both f32 chains of the 8-lane kernel.
 #[inline(always)]
-unsafe fn k45_row<W: K45>(x: &[W], a: &[BlockQ8K], pick: &[__m256i; 8]) -> f32 {
+unsafe fn k45_row<W: K45>(x: &[W], a: &[BlockQ8K], q8s: &[__m128i], pick: &[__m256i; 8]) -> f32 {
     let (mut acc, mut accm) = (0f32, 0f32);
-    for (xb, y) in x.iter().zip(a) {
-        let (si, mi) = k45_sums(xb, y, pick);
+    for ((xb, y), &q8s) in x.iter().zip(a).zip(q8s) {
+        let (si, mi) = k45_sums(xb, y, q8s, pick);
         let (dx, dminx) = xb.d_dmin();
         let dy = y.d();
         acc = (dx * dy).mul_add(si as f32, acc);
@@ -158,6 +162,9 @@ unsafe fn k45_row<W: K45>(x: &[W], a: &[BlockQ8K], pick: &[__m256i; 8]) -> f32 {
     }
     acc - accm
 }
+
+/// Super-blocks per row whose activation sums [`k45_rows`] keeps on the stack (16384 columns).
+const SUMS_MAX: usize = 64;
 
 /// One token through Q4_K or Q5_K rows (see `crate::traits::MatrixFn`; `acts` holds one row).
 ///
@@ -175,10 +182,28 @@ pub(crate) unsafe fn k45_rows<W: K45>(
     debug_assert_eq!(acts.len(), 1);
     let nb = n / 256;
     let a: &[BlockQ8K] = cast_blocks(acts[0]).expect("one activation row");
-    let pick = k45_picks();
+    let mut pick = k45_picks();
+    pick.iter_mut().for_each(|p| opaque!(*p));
+    // The activation's sums of 32 quants, which meet the minimums: made once per call (a
+    // `vphaddw` per row and super-block before).
+    let mut sums = [_mm_setzero_si128(); SUMS_MAX];
+    let mut heap = Vec::new();
+    let q8s: &mut [__m128i] = if nb <= SUMS_MAX {
+        &mut sums[..nb]
+    } else {
+        heap.resize(nb, _mm_setzero_si128());
+        &mut heap
+    };
+    for (s, y) in q8s.iter_mut().zip(a) {
+        let bs = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+        *s = _mm_hadd_epi16(
+            _mm256_castsi256_si128(bs),
+            _mm256_extracti128_si256::<1>(bs),
+        );
+    }
     for i in 0..w.count {
         let x: &[W] = cast_blocks(w.row(i, nb * size_of::<W>())).expect("one weight row");
-        out[i * row_stride] = k45_row(x, a, &pick);
+        out[i * row_stride] = k45_row(x, a, q8s, &pick);
     }
 }
 
@@ -198,8 +223,20 @@ pub(crate) unsafe fn q6_k_rows(
     debug_assert_eq!(acts.len(), 1);
     let nb = n / 256;
     let a: &[BlockQ8K] = cast_blocks(acts[0]).expect("one activation row");
+    // Bytes 0, 2, .., 14 of the scales to the low half, 1, 3, .., 15 to the high half.
+    let mut split = _mm256_setr_epi8(
+        0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1, //
+        1, 3, 5, 7, 9, 11, 13, 15, -1, -1, -1, -1, -1, -1, -1, -1,
+    );
+    // Word `k` of each half, in every word of the half.
+    let mut pick = [_mm256_setzero_si256(); 8];
+    for (k, p) in pick.iter_mut().enumerate() {
+        *p = _mm256_set1_epi16((2 * k as i16) | ((2 * k as i16 + 1) << 8));
+    }
+    opaque!(split);
+    pick.iter_mut().for_each(|p| opaque!(*p));
     for i in 0..w.count {
         let x: &[BlockQ6K] = cast_blocks(w.row(i, nb * 210)).expect("one weight row");
-        out[i * row_stride] = q6_k_row(x, a);
+        out[i * row_stride] = q6_k_row(x, a, &split, &pick);
     }
 }
