@@ -2,7 +2,7 @@
 //!
 //! One task covers a block of up to [`rows_per_task`] consecutive batch rows of one sequence and one
 //! KV head (with all the query heads that share it, or one of them when there would be too few tasks
-//! to keep the threads busy). Keys and values are read in blocks of [`KEYS`] positions, converted to
+//! to keep the threads busy), or, decoding at depth, all KV heads of one chunk (below). Keys and values are read in blocks of [`KEYS`] positions, converted to
 //! f32 once per task and block and reused by every (row, head) of the task, or, when a task has
 //! no more queries than one kernel call takes (decode), read by the kernel where the cache holds
 //! them and widened as they are loaded (exact either way, so the same bits); the cache stores a
@@ -29,7 +29,7 @@
 //! task's queries in one integer product against the block's K rows, its V rows dequantized to f32;
 //! the online softmax and the V accumulation are the f32 code above, unchanged.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ops::Range;
 
 use half::f16;
@@ -152,11 +152,13 @@ struct Run {
     part: usize,
 }
 
-/// One task: a run, a KV head, a share of its query heads, one chunk or all of them.
+/// One task: a run, KV heads from `kvh` (one, or all of them), a share of their query heads, one
+/// chunk or all of them.
 #[derive(Clone, Copy)]
 struct Task {
     run: u32,
     kvh: u32,
+    nkvh: u32,
     share: u32,
     /// `ALL`, or the chunk this task computes the state of.
     chunk: u32,
@@ -236,17 +238,28 @@ pub(crate) fn attend(
             split += 1;
         }
     }
-    let hpt = group / split; // query heads per task
+    // Query heads per task.
+    let hpt = group / split;
+    // Decode at depth with chunks enough for every thread: a task takes all KV heads of its
+    // chunk, so the next block it prefetches is two runs of memory (all heads' keys, all heads'
+    // values), spread over the block kernel's steps (see [`Prefetch`]), rather than a head's
+    // share of each: its keys and a short piece of every value row.
+    let kpt = if split_depth && per_kvh >= SPLIT_BELOW_PER_THREAD * threads {
+        c.n_head_kv
+    } else {
+        1
+    };
     tasks.clear();
     // Later runs of a prefill see more keys: hand them out first.
     for (ri, run) in runs.iter().enumerate().rev() {
         for k in 0..if split_depth { run.nc } else { 1 } {
             let chunk = if split_depth { run.c0 + k } else { ALL };
-            for kvh in 0..c.n_head_kv {
+            for kvh in (0..c.n_head_kv).step_by(kpt) {
                 for share in 0..split {
                     tasks.push(Task {
                         run: ri as u32,
                         kvh: kvh as u32,
+                        nkvh: kpt as u32,
                         share: share as u32,
                         chunk,
                     });
@@ -391,8 +404,9 @@ fn run_task(
     let (hd, hdv, hpt) = (g.hd, g.hdv, g.hpt);
     let (qd, od) = (g.n_head * hd, g.n_head * hdv);
     let sw = hdv + 2;
-    let kvh = task.kvh as usize;
-    let h0 = kvh * g.group + task.share as usize * hpt;
+    let (kvh0, nk) = (task.kvh as usize, task.nkvh as usize);
+    // The first query head of the task's `kl`-th KV head.
+    let h0 = |kl: usize| (kvh0 + kl) * g.group + task.share as usize * hpt;
     let (t0, t1) = (run.t0 as usize, run.t1 as usize);
     let s = r.seq[t0];
     let quant = kv.ty().quant();
@@ -400,16 +414,17 @@ fn run_task(
         assert!(hd.is_multiple_of(kv_quant::QK) && hdv.is_multiple_of(kv_quant::QK));
     }
     let q8b = kv_quant::q8_row_bytes(hd.next_multiple_of(kv_quant::QK));
+    // Queries per KV head; the buffers hold the task's KV heads one after another.
     let nq = (t1 - t0) * hpt;
     grow(&mut bufs.kt, hd * KEYS);
     grow(&mut bufs.vals, KEYS * hdv);
-    grow(&mut bufs.q, nq * hd);
-    grow(&mut bufs.state, nq * sw);
-    grow(&mut bufs.fold, nq * sw);
+    grow(&mut bufs.q, nk * nq * hd);
+    grow(&mut bufs.state, nk * nq * sw);
+    grow(&mut bufs.fold, nk * nq * sw);
     if quant.is_some() {
         grow(&mut bufs.sc, nq * KEYS);
-        if bufs.q8.len() < nq * q8b {
-            bufs.q8.resize(nq * q8b, 0);
+        if bufs.q8.len() < nk * nq * q8b {
+            bufs.q8.resize(nk * nq * q8b, 0);
         }
     }
     let TaskBufs {
@@ -421,22 +436,24 @@ fn run_task(
         q8,
         sc,
     } = bufs;
-    for (i, t) in (t0..t1).enumerate() {
-        for j in 0..hpt {
-            let h = h0 + j;
-            let src = &r.q[t * qd + h * hd..t * qd + (h + 1) * hd];
-            let qi = i * hpt + j;
-            let dst = &mut qs[qi * hd..][..hd];
-            if quant.is_some() {
-                // llama.cpp: Q converted to K's vec_dot_type (Q8_0) by its from_float.
-                let q8 = &mut q8[qi * q8b..(qi + 1) * q8b];
-                kv_quant::store_row(level, KvQuant::Q8_0, src, q8);
-            } else if kv.ty() == KvType::F16 {
-                let mut h = [f16::ZERO; MAX_HEAD_DIM];
-                h[..hd].convert_from_f32_slice(src);
-                h[..hd].convert_to_f32_slice(dst);
-            } else {
-                dst.copy_from_slice(src);
+    for kl in 0..nk {
+        for (i, t) in (t0..t1).enumerate() {
+            for j in 0..hpt {
+                let h = h0(kl) + j;
+                let src = &r.q[t * qd + h * hd..t * qd + (h + 1) * hd];
+                let qi = kl * nq + i * hpt + j;
+                let dst = &mut qs[qi * hd..][..hd];
+                if quant.is_some() {
+                    // llama.cpp: Q converted to K's vec_dot_type (Q8_0) by its from_float.
+                    let q8 = &mut q8[qi * q8b..(qi + 1) * q8b];
+                    kv_quant::store_row(level, KvQuant::Q8_0, src, q8);
+                } else if kv.ty() == KvType::F16 {
+                    let mut h = [f16::ZERO; MAX_HEAD_DIM];
+                    h[..hd].convert_from_f32_slice(src);
+                    h[..hd].convert_to_f32_slice(dst);
+                } else {
+                    dst.copy_from_slice(src);
+                }
             }
         }
     }
@@ -455,11 +472,14 @@ fn run_task(
     for ch in chunks {
         // Rows live in this chunk start a fresh state.
         let live = |t: usize| r.lo[t] / CHUNK <= ch && ch <= r.pos[t] / CHUNK;
-        for (i, t) in (t0..t1).enumerate() {
-            if live(t) {
-                for st in state[i * hpt * sw..(i + 1) * hpt * sw].chunks_exact_mut(sw) {
-                    st.fill(0.0);
-                    st[hdv] = f32::NEG_INFINITY;
+        for kl in 0..nk {
+            for (i, t) in (t0..t1).enumerate() {
+                if live(t) {
+                    let at = (kl * nq + i * hpt) * sw;
+                    for st in state[at..at + hpt * sw].chunks_exact_mut(sw) {
+                        st.fill(0.0);
+                        st[hdv] = f32::NEG_INFINITY;
+                    }
                 }
             }
         }
@@ -471,95 +491,134 @@ fn run_task(
             let kn = KEYS.min(max_len - k0);
             // One attention block is one pool block: its rows start at the block's first row.
             let (keys, values) = kv.block_rows(s, l, k0 / KEYS);
-            let blk = BlockRows {
-                level,
-                r,
-                rows: t0..t1,
-                k0,
-                hpt,
-                hd,
-                sw,
-                scale,
-                q: qs,
-            };
+            // The next block: all of it over the block kernel's steps when the task takes all
+            // KV heads (f16 or f32 read in place), else this KV head's share of it at once.
+            let pf = Cell::new(Prefetch::new::<u8>(&[], &[], 1));
+            let mut spread = false;
             if k0 + KEYS < k_to {
-                let (nk, nv) = kv.block_rows(s, l, k0 / KEYS + 1);
-                prefetch_block(&nk, &nv, kvh, hd, hdv, g.vd);
-            }
-            if let (
-                Rows::Quant {
-                    ty,
-                    data: kb,
-                    stride: ks,
-                },
-                Rows::Quant {
-                    data: vb,
-                    stride: vs,
-                    ..
-                },
-            ) = (&keys, &values)
-            {
-                // The task's queries against the block's rows of this KV head, all at once.
-                let keys = KeyRows::head(*ty, kb, *ks, hd, kvh, kn);
-                kv_quant::scores(level, hd, &keys, q8, nq, &mut sc[..nq * KEYS]);
-                let vrows = KeyRows::head(*ty, vb, *vs, hdv, kvh, kn);
-                kv_quant::values(level, hdv, &vrows, &mut vals[..kn * hdv]);
-                let v = Vals::packed(&vals[..kn * hdv], hdv);
-                blk.run(&kt[..hd * KEYS], v, Some(&sc[..nq * KEYS]), state);
-            } else if direct {
-                blk.run_in_place(&keys, &values, kvh, hdv, g.vd, state);
-            } else {
-                let at = KvAt {
-                    k0: 0,
-                    kn,
-                    vd: g.vd,
-                    kvh,
+                let (nk_rows, nv_rows) = kv.block_rows(s, l, k0 / KEYS + 1);
+                // The key chains' steps of the block: `hd` per group of up to 4 queries and key
+                // lanes of the level's kernel.
+                let lanes = if level == Level::Avx2 {
+                    AVX2_KEYS
+                } else {
+                    KEYS
                 };
-                load_block(
+                let steps =
+                    nk * (t1 - t0) * hpt.div_ceil(4) * hd.div_ceil(Prefetch::EVERY) * KEYS / lanes;
+                let all = direct && nk * g.group == g.n_head;
+                match (&nk_rows, &nv_rows) {
+                    (Rows::F16T(k), Rows::F16(v)) if all => {
+                        pf.set(Prefetch::new(k, v, steps));
+                        spread = true;
+                    }
+                    (Rows::F32T(k), Rows::F32(v)) if all => {
+                        pf.set(Prefetch::new(k, v, steps));
+                        spread = true;
+                    }
+                    _ => {
+                        for kvh in kvh0..kvh0 + nk {
+                            prefetch_block(&nk_rows, &nv_rows, kvh, hd, hdv, g.vd);
+                        }
+                    }
+                }
+            }
+            for kl in 0..nk {
+                let kvh = kvh0 + kl;
+                let state = &mut state[kl * nq * sw..(kl + 1) * nq * sw];
+                let blk = BlockRows {
                     level,
-                    &keys,
-                    &values,
-                    &at,
-                    &mut kt[..hd * KEYS],
-                    vals,
+                    r,
+                    rows: t0..t1,
+                    k0,
+                    hpt,
                     hd,
-                    hdv,
-                );
-                let v = Vals::packed(&vals[..kn * hdv], hdv);
-                blk.run(&kt[..hd * KEYS], v, None, state);
+                    sw,
+                    scale,
+                    q: &qs[kl * nq * hd..(kl + 1) * nq * hd],
+                    pf: spread.then_some(&pf),
+                };
+                if let (
+                    Rows::Quant {
+                        ty,
+                        data: kb,
+                        stride: ks,
+                    },
+                    Rows::Quant {
+                        data: vb,
+                        stride: vs,
+                        ..
+                    },
+                ) = (&keys, &values)
+                {
+                    // The head's queries against the block's rows of this KV head, all at once.
+                    let keys = KeyRows::head(*ty, kb, *ks, hd, kvh, kn);
+                    let q8 = &q8[kl * nq * q8b..(kl + 1) * nq * q8b];
+                    kv_quant::scores(level, hd, &keys, q8, nq, &mut sc[..nq * KEYS]);
+                    let vrows = KeyRows::head(*ty, vb, *vs, hdv, kvh, kn);
+                    kv_quant::values(level, hdv, &vrows, &mut vals[..kn * hdv]);
+                    let v = Vals::packed(&vals[..kn * hdv], hdv);
+                    blk.run(&kt[..hd * KEYS], v, Some(&sc[..nq * KEYS]), state);
+                } else if direct {
+                    blk.run_in_place(&keys, &values, kvh, hdv, g.vd, state);
+                } else {
+                    let at = KvAt {
+                        k0: 0,
+                        kn,
+                        vd: g.vd,
+                        kvh,
+                    };
+                    load_block(
+                        level,
+                        &keys,
+                        &values,
+                        &at,
+                        &mut kt[..hd * KEYS],
+                        vals,
+                        hd,
+                        hdv,
+                    );
+                    let v = Vals::packed(&vals[..kn * hdv], hdv);
+                    blk.run(&kt[..hd * KEYS], v, None, state);
+                }
             }
         }
-        for (i, t) in (t0..t1).enumerate() {
-            if !live(t) {
-                continue;
-            }
-            for j in 0..hpt {
-                let qi = i * hpt + j;
-                let st = &state[qi * sw..(qi + 1) * sw];
-                if task.chunk == ALL {
-                    let f = &mut fold[qi * sw..(qi + 1) * sw];
-                    if ch == r.lo[t] / CHUNK {
-                        f.copy_from_slice(st);
+        for kl in 0..nk {
+            for (i, t) in (t0..t1).enumerate() {
+                if !live(t) {
+                    continue;
+                }
+                for j in 0..hpt {
+                    let qi = kl * nq + i * hpt + j;
+                    let st = &state[qi * sw..(qi + 1) * sw];
+                    if task.chunk == ALL {
+                        let f = &mut fold[qi * sw..(qi + 1) * sw];
+                        if ch == r.lo[t] / CHUNK {
+                            f.copy_from_slice(st);
+                        } else {
+                            merge(level, f, st);
+                        }
                     } else {
-                        merge(level, f, st);
+                        let row = t - t0;
+                        let h = h0(kl) + j;
+                        let at =
+                            ((row * g.n_head + h) * run.nc as usize + ch - run.c0 as usize) * sw;
+                        // SAFETY: each (row, head, chunk) state is written by exactly one task.
+                        unsafe { parts.slice(run.part + at, sw) }.copy_from_slice(st);
                     }
-                } else {
-                    let row = t - t0;
-                    let at =
-                        ((row * g.n_head + h0 + j) * run.nc as usize + ch - run.c0 as usize) * sw;
-                    // SAFETY: each (row, head, chunk) state is written by exactly one task.
-                    unsafe { parts.slice(run.part + at, sw) }.copy_from_slice(st);
                 }
             }
         }
     }
     if task.chunk == ALL {
-        for (i, t) in (t0..t1).enumerate() {
-            for j in 0..hpt {
-                let st = &fold[(i * hpt + j) * sw..][..sw];
-                // SAFETY: each (row, head) output slice is written by exactly one task.
-                let o = unsafe { out.slice(t * od + (h0 + j) * hdv, hdv) };
-                finish(st, o);
+        for kl in 0..nk {
+            for (i, t) in (t0..t1).enumerate() {
+                for j in 0..hpt {
+                    let st = &fold[(kl * nq + i * hpt + j) * sw..][..sw];
+                    // SAFETY: each (row, head) output slice is written by exactly one task.
+                    let o = unsafe { out.slice(t * od + (h0(kl) + j) * hdv, hdv) };
+                    finish(st, o);
+                }
             }
         }
     }
@@ -577,6 +636,8 @@ struct BlockRows<'a, 'r> {
     scale: Scale,
     /// The task's queries, `[rows × hpt, hd]`.
     q: &'a [f32],
+    /// Lines the block kernel prefetches as it goes (see [`Prefetch`]).
+    pf: Option<&'a Cell<Prefetch>>,
 }
 
 impl BlockRows<'_, '_> {
@@ -638,6 +699,7 @@ impl BlockRows<'_, '_> {
                 let mut qi = i * hpt;
                 while qi < e * hpt {
                     let src = Src {
+                        pf: self.pf,
                         kt,
                         q: self.q,
                         sc,
@@ -662,6 +724,7 @@ impl BlockRows<'_, '_> {
 /// `q` (`[nq, hd]`) against the transposed keys `kt`, or the quantized path's scores `sc`
 /// (`[nq, KEYS]`).
 struct Src<'a, E = f32> {
+    pf: Option<&'a Cell<Prefetch>>,
     kt: &'a [E],
     q: &'a [f32],
     sc: Option<&'a [f32]>,
@@ -690,6 +753,7 @@ fn heads<const N: usize, E: Elem>(
         None => Scores::Keys {
             kt: src.kt,
             q: std::array::from_fn(|n| &src.q[(qi + n) * hd..(qi + n + 1) * hd]),
+            pf: src.pf,
         },
     };
     let mut st = state[..N * sw].chunks_exact_mut(sw);
@@ -818,6 +882,51 @@ fn prefetch_block(keys: &Rows, values: &Rows, kvh: usize, hd: usize, hdv: usize,
     }
 }
 
+/// The next block's keys and values of a task that takes all KV heads (two runs of memory),
+/// prefetched into L2 a few lines per step of the block kernel's key chains rather than all at
+/// once: a block's burst of prefetches (768 lines for SmolLM2) waited on the core's miss buffers,
+/// the kernel's work held up behind them (AVX2, one thread, SmolLM2's 30 layers at depth 4096:
+/// 21-24 ms -> 16.9-17.2 ms per decode step's attention, `bench_attention_at_depth`).
+#[derive(Clone, Copy)]
+struct Prefetch {
+    runs: [(*const u8, *const u8); 2],
+    per_step: usize,
+}
+
+impl Prefetch {
+    /// Both of `x` and `y`, over about `steps` steps.
+    fn new<T>(x: &[T], y: &[T], steps: usize) -> Prefetch {
+        let lines = (size_of_val(x) + size_of_val(y)).div_ceil(64);
+        let run = |v: &[T]| (v.as_ptr().cast::<u8>(), v.as_ptr_range().end.cast::<u8>());
+        Prefetch {
+            runs: [run(x), run(y)],
+            per_step: lines.div_ceil(steps.max(1)),
+        }
+    }
+
+    /// Positions of the key chains per step: a step every few of them keeps the bookkeeping
+    /// out of the FMA-bound chains of many queries (the 12-layer MoE's 8 per KV head).
+    const EVERY: usize = 8;
+
+    /// Prefetches the next lines, if any are left.
+    #[inline(always)]
+    fn step(&mut self) {
+        for _ in 0..self.per_step {
+            let (at, end) = &mut self.runs[usize::from(self.runs[0].0 >= self.runs[0].1)];
+            if *at >= *end {
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch never faults; `at` lies within one of the two slices.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                _mm_prefetch::<_MM_HINT_T1>(at.cast());
+            }
+            *at = at.wrapping_add(64);
+        }
+    }
+}
+
 /// Prefetches `count` runs of `run` elements of `x`, the first at `first`, `stride` apart (what
 /// lies past the end of `x` is left out).
 fn prefetch_runs<T>(x: &[T], first: usize, run: usize, stride: usize, count: usize) {
@@ -834,7 +943,12 @@ fn prefetch_runs<T>(x: &[T], first: usize, run: usize, stride: usize, count: usi
 enum Scores<'a, const N: usize, E = f32> {
     /// Computed in the block kernel: each query (`[head_dim]`) against the block's keys
     /// transposed (`kt`: `[head_dim, KEYS]`), one FMA chain per key over the head dimension.
-    Keys { kt: &'a [E], q: [&'a [f32]; N] },
+    Keys {
+        kt: &'a [E],
+        q: [&'a [f32]; N],
+        /// Lines to prefetch, a share per step of the chain.
+        pf: Option<&'a Cell<Prefetch>>,
+    },
     /// Computed already, one `[KEYS]` vector per query (a quantized cache: [`kv_quant::scores`]).
     Given([&'a [f32; KEYS]; N]),
 }
@@ -952,8 +1066,11 @@ unsafe fn block_avx2<const N: usize, E: Elem>(
 ) {
     // 16 ymm registers: 16 keys and 16 outputs of 4 queries (8 accumulators) at a time; 64 of
     // each, as on AVX-512, spilled the accumulators to the stack on every FMA.
-    block_body::<N, E, Avx2Soft, 16, 16>(src, vals, live, scale, state)
+    block_body::<N, E, Avx2Soft, AVX2_KEYS, 16>(src, vals, live, scale, state)
 }
+
+/// Key lanes the AVX2 block kernel keeps in registers at a time.
+const AVX2_KEYS: usize = 16;
 
 /// A block's softmax steps, per kernel level; every level gives the same bits (the scalar code's
 /// operations lane by lane; a maximum does not depend on the order it is taken in).
@@ -1397,15 +1514,19 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
     assert!(state.iter().all(|st| st.len() == hdv + 2));
     let mut s = [[0f32; KEYS]; N];
     match src {
-        Scores::Keys { kt, q } => {
+        Scores::Keys { kt, q, pf: src_pf } => {
             let hd = q[0].len();
             assert!(kt.len() == hd * KEYS && q.iter().all(|q| q.len() == hd));
+            let mut pf = src_pf.map(Cell::get);
             // For each key lane, one FMA chain over the head dimension in order; the groups of
             // `KS` lanes with no live key are skipped (their scores are never read).
             for kb in (ks / KS * KS..kc).step_by(KS) {
                 // A local array the compiler keeps in registers through the chain.
                 let mut acc = [[0f32; KS]; N];
                 for d in 0..hd {
+                    if let (Some(pf), true) = (&mut pf, d % Prefetch::EVERY == 0) {
+                        pf.step();
+                    }
                     let col: &[E; KS] = kt[d * KEYS + kb..][..KS].try_into().expect("KS wide");
                     // SAFETY: `S` is the caller's kernel level, which the CPU has.
                     let col = unsafe { E::widen::<S, KS>(col) };
@@ -1419,6 +1540,9 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
                 for n in 0..N {
                     s[n][kb..kb + KS].copy_from_slice(&acc[n]);
                 }
+            }
+            if let (Some(c), Some(pf)) = (src_pf, pf) {
+                c.set(pf);
             }
         }
         Scores::Given(g) => {
@@ -1537,7 +1661,11 @@ mod tests {
                     .iter()
                     .map(|q| {
                         let mut st = fresh();
-                        let src = Scores::Keys { kt: &kt, q: [q] };
+                        let src = Scores::Keys {
+                            kt: &kt,
+                            q: [q],
+                            pf: None,
+                        };
                         block_body::<1, f32, ScalarSoft, KEYS, OUT_CHUNK>(
                             src,
                             Vals::packed(vals, hdv),
@@ -1560,6 +1688,7 @@ mod tests {
                     let src = Scores::Keys {
                         kt: &kt,
                         q: [&qs[0]],
+                        pf: None,
                     };
                     block(level, src, vals, ks..kc, sc, &mut got);
                     block(level, src, vals, ks..kc, sc, &mut got);
@@ -1580,7 +1709,14 @@ mod tests {
                         let mut it = four.iter_mut();
                         let st: [&mut [f32]; 4] =
                             std::array::from_fn(|_| &mut it.next().unwrap()[..]);
-                        let (src, v) = (Scores::Keys { kt: &kt, q }, Vals::packed(vals, hdv));
+                        let (src, v) = (
+                            Scores::Keys {
+                                kt: &kt,
+                                q,
+                                pf: None,
+                            },
+                            Vals::packed(vals, hdv),
+                        );
                         block_n::<4, f32>(level, src, v, ks..kc, sc, st);
                     }
                     for n in 0..4 {
@@ -1592,6 +1728,7 @@ mod tests {
                     }
                     // Three and two at once (GQA groups of 3, 6, ...), as the task loop runs them.
                     let src = Src {
+                        pf: None,
                         kt: &kt,
                         q: &qs.concat(),
                         sc: None,
@@ -1732,6 +1869,13 @@ mod tests {
                         softcap: None,
                     };
                     let (keys, values) = kv.block_rows(0, 1, b);
+                    // The kernel reading in place also prefetches the other block as it goes.
+                    let (nk, nv) = kv.block_rows(0, 1, 1 - b);
+                    let pf = Cell::new(match (&nk, &nv) {
+                        (Rows::F16T(k), Rows::F16(v)) => Prefetch::new(k, v, hd),
+                        (Rows::F32T(k), Rows::F32(v)) => Prefetch::new(k, v, hd),
+                        _ => unreachable!("f16 and f32 caches"),
+                    });
                     for level in hearth_quant::simd::available_levels() {
                         let blk = BlockRows {
                             level,
@@ -1743,6 +1887,7 @@ mod tests {
                             sw: hdv + 2,
                             scale: Scale::new(0.125, None),
                             q: &q[..hpt * hd],
+                            pf: None,
                         };
                         let fresh = || {
                             let mut st = vec![0f32; hpt * (hdv + 2)];
@@ -1757,6 +1902,10 @@ mod tests {
                         load_block(level, &keys, &values, &at, &mut kt, &mut vals, hd, hdv);
                         blk.run(&kt, Vals::packed(&vals, hdv), None, &mut want);
                         let mut got = fresh();
+                        let blk = BlockRows {
+                            pf: Some(&pf),
+                            ..blk
+                        };
                         blk.run_in_place(&keys, &values, kvh, hdv, vd, &mut got);
                         assert_eq!(bits(&got), bits(&want), "{ty:?}, {level}, block {b}, {hpt}");
                     }
@@ -1809,7 +1958,11 @@ mod tests {
                 }
                 let ks = lo.saturating_sub(k0);
                 let level = hearth_quant::kernel_level();
-                let src = Scores::Keys { kt: &kt, q: [&q] };
+                let src = Scores::Keys {
+                    kt: &kt,
+                    q: [&q],
+                    pf: None,
+                };
                 block(level, src, &vb, ks..kc, Scale::new(scale, cap), &mut state);
             }
             let scores: Vec<f64> = keys[lo..]

@@ -314,8 +314,11 @@ fn stores_match_llama_cpp_cpu_quantizers() {
 }
 
 /// Attention at depth, f16 against the quantized caches: one decode row (and one prefill task of
-/// 16 rows) over `HEARTH_BENCH_DEPTH` (default 4096) cached positions of one layer of SmolLM2's
-/// shape (9 heads of 64 over 3 KV heads), the types alternated and the median of each reported.
+/// 16 rows) over `HEARTH_BENCH_DEPTH` (default 4096) cached positions of SmolLM2's shape (9 heads
+/// of 64 over 3 KV heads), the types alternated and the median of each reported. Each timed
+/// call runs every one of `HEARTH_BENCH_LAYERS` layers (default 1; SmolLM2 has 30, whose cache
+/// at depth 4096 does not fit the caches, as in a decode step), on `HEARTH_BENCH_THREADS`
+/// threads (default 2).
 /// Run: `cargo test --release -p hearth-model --lib bench_attention -- --ignored --nocapture`
 /// (`HEARTH_KERNELS=avx2` for the AVX2 path, e.g. under callgrind, which has no AVX-512).
 #[test]
@@ -333,6 +336,7 @@ fn bench_attention_at_depth() {
     let c: &Config = &model.config;
     let depth: usize = std::env::var("HEARTH_BENCH_DEPTH").map_or(4096, |d| d.parse().unwrap());
     let iters: usize = std::env::var("HEARTH_BENCH_ITERS").map_or(20, |d| d.parse().unwrap());
+    let layers: usize = std::env::var("HEARTH_BENCH_LAYERS").map_or(1, |d| d.parse().unwrap());
     let (kd, vd) = (c.k_dim(), c.v_dim());
     let mut rng = Rng(11);
     // `HEARTH_BENCH_KV=q8_0` (a comma list) to run some types only, e.g. one per callgrind run.
@@ -346,15 +350,19 @@ fn bench_attention_at_depth() {
     let kvs: Vec<KvCache> = types
         .iter()
         .map(|&ty| {
-            let mut kv = KvCache::new(1, 1, depth + 64, kd, vd, ty);
+            let mut kv = KvCache::new(1, layers, depth + 64, kd, vd, ty);
             let mut rng = Rng(5);
             for p in 0..depth + 16 {
-                kv.store(0, 0, p, &rng.row(kd, 2.0), &rng.row(vd, 1.0));
+                let (k, v) = (rng.row(kd, 2.0), rng.row(vd, 1.0));
+                for l in 0..layers {
+                    kv.store(0, l, p, &k, &v);
+                }
             }
             kv
         })
         .collect();
-    let pool = ThreadPool::new(2);
+    let threads: usize = std::env::var("HEARTH_BENCH_THREADS").map_or(2, |d| d.parse().unwrap());
+    let pool = ThreadPool::new(threads);
     for rows in [1usize, 16] {
         let q = rng.row(rows * c.q_dim(), 1.0);
         let pos: Vec<usize> = (0..rows).map(|i| depth + i).collect();
@@ -373,7 +381,9 @@ fn bench_attention_at_depth() {
         for _ in 0..iters {
             for (i, kv) in kvs.iter().enumerate() {
                 let t = std::time::Instant::now();
-                attend(&pool, c, kv, 0, &r, &mut blocks, &mut out);
+                for l in 0..layers {
+                    attend(&pool, c, kv, l, &r, &mut blocks, &mut out);
+                }
                 times[i].push(t.elapsed().as_secs_f64() * 1e6);
             }
         }
