@@ -493,8 +493,7 @@ fn run_task(
             let (keys, values) = kv.block_rows(s, l, k0 / KEYS);
             // The next block: all of it over the block kernel's steps when the task takes all
             // KV heads (f16 or f32 read in place), else this KV head's share of it at once.
-            let pf = Cell::new(Prefetch::new::<u8>(&[], &[], 1));
-            let mut spread = false;
+            let mut pf = None;
             if k0 + KEYS < k_to {
                 let (nk_rows, nv_rows) = kv.block_rows(s, l, k0 / KEYS + 1);
                 // The key chains' steps of the block: `hd` per group of up to 4 queries and key
@@ -507,19 +506,13 @@ fn run_task(
                 let steps =
                     nk * (t1 - t0) * hpt.div_ceil(4) * hd.div_ceil(Prefetch::EVERY) * KEYS / lanes;
                 let all = direct && nk * g.group == g.n_head;
-                match (&nk_rows, &nv_rows) {
-                    (Rows::F16T(k), Rows::F16(v)) if all => {
-                        pf.set(Prefetch::new(k, v, steps));
-                        spread = true;
-                    }
-                    (Rows::F32T(k), Rows::F32(v)) if all => {
-                        pf.set(Prefetch::new(k, v, steps));
-                        spread = true;
-                    }
-                    _ => {
-                        for kvh in kvh0..kvh0 + nk {
-                            prefetch_block(&nk_rows, &nv_rows, kvh, hd, hdv, g.vd);
-                        }
+                pf = all
+                    .then(|| Prefetch::whole(&nk_rows, &nv_rows, steps))
+                    .flatten()
+                    .map(Cell::new);
+                if pf.is_none() {
+                    for kvh in kvh0..kvh0 + nk {
+                        prefetch_block(&nk_rows, &nv_rows, kvh, hd, hdv, g.vd);
                     }
                 }
             }
@@ -536,7 +529,7 @@ fn run_task(
                     sw,
                     scale,
                     q: &qs[kl * nq * hd..(kl + 1) * nq * hd],
-                    pf: spread.then_some(&pf),
+                    pf: pf.as_ref(),
                 };
                 if let (
                     Rows::Quant {
@@ -901,6 +894,16 @@ impl Prefetch {
         Prefetch {
             runs: [run(x), run(y)],
             per_step: lines.div_ceil(steps.max(1)),
+        }
+    }
+
+    /// All of an f16 or f32 block as the cache holds it (its transposed keys, its value rows),
+    /// over about `steps` steps; `None` for a quantized block.
+    fn whole(keys: &Rows, values: &Rows, steps: usize) -> Option<Prefetch> {
+        match (keys, values) {
+            (Rows::F16T(k), Rows::F16(v)) => Some(Prefetch::new(k, v, steps)),
+            (Rows::F32T(k), Rows::F32(v)) => Some(Prefetch::new(k, v, steps)),
+            _ => None,
         }
     }
 
@@ -1871,11 +1874,7 @@ mod tests {
                     let (keys, values) = kv.block_rows(0, 1, b);
                     // The kernel reading in place also prefetches the other block as it goes.
                     let (nk, nv) = kv.block_rows(0, 1, 1 - b);
-                    let pf = Cell::new(match (&nk, &nv) {
-                        (Rows::F16T(k), Rows::F16(v)) => Prefetch::new(k, v, hd),
-                        (Rows::F32T(k), Rows::F32(v)) => Prefetch::new(k, v, hd),
-                        _ => unreachable!("f16 and f32 caches"),
-                    });
+                    let pf = Cell::new(Prefetch::whole(&nk, &nv, hd).expect("f16 and f32 caches"));
                     for level in hearth_quant::simd::available_levels() {
                         let blk = BlockRows {
                             level,

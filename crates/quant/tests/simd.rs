@@ -216,23 +216,22 @@ fn matrix_is_bit_identical_to_single_dots() {
             // of the one-token kernels' groups of 4 rows. Rows of 65 super-blocks go past what
             // the AVX2 one-row K-quant kernels keep of the activation on the stack.
             let long = (ty.block_size() == 256).then_some((256 * 65, 3, 1));
-            for (n, n_w, n_acts) in [
-                (short, 1, 1),
-                (short, 3, 1),
-                (short, 6, 1),
-                (short, 13, 1),
-                (short, 5, 7),
-                (short, 2, 8),
-                (short, 7, 11),
-                (short, 17, 3),
-                (short, 16, 33),
-                (short, 35, 2),
-                (short, 3, 47),
-                (short, 9, 65),
-            ]
-            .into_iter()
-            .chain(long)
-            {
+            let shapes = [
+                (1, 1),
+                (3, 1),
+                (6, 1),
+                (13, 1),
+                (5, 7),
+                (2, 8),
+                (7, 11),
+                (17, 3),
+                (16, 33),
+                (35, 2),
+                (3, 47),
+                (9, 65),
+            ];
+            let shapes = shapes.map(|(n_w, n_acts)| (short, n_w, n_acts));
+            for (n, n_w, n_acts) in shapes.into_iter().chain(long) {
                 let wrow = ty.row_bytes(n as u64).unwrap() as usize;
                 let arow = aty.row_bytes(n as u64).unwrap() as usize;
                 // Weight rows padded by 3 bytes, activation rows packed.

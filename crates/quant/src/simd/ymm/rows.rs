@@ -139,9 +139,10 @@ unsafe fn k45_sums<W: K45>(xb: &W, y: &BlockQ8K, q8s: __m128i, pick: &[__m256i; 
     (_mm_cvtsi128_si32(h), _mm_extract_epi32::<1>(h))
 }
 
-/// The shuffles that spread i16 scale `s` of a 128-bit half over the half (`k45_sums`' `pick`).
+/// The shuffles that spread i16 word `s` of a 128-bit half over the half (the scale picks of
+/// `k45_sums` and `q6_k_row`).
 #[inline(always)]
-unsafe fn k45_picks() -> [__m256i; 8] {
+unsafe fn word_picks() -> [__m256i; 8] {
     let mut pick = [_mm256_setzero_si256(); 8];
     for (s, p) in pick.iter_mut().enumerate() {
         *p = _mm256_set1_epi16((2 * s as i16) | ((2 * s as i16 + 1) << 8));
@@ -182,7 +183,7 @@ pub(crate) unsafe fn k45_rows<W: K45>(
     debug_assert_eq!(acts.len(), 1);
     let nb = n / 256;
     let a: &[BlockQ8K] = cast_blocks(acts[0]).expect("one activation row");
-    let mut pick = k45_picks();
+    let mut pick = word_picks();
     pick.iter_mut().for_each(|p| opaque!(*p));
     // The activation's sums of 32 quants, which meet the minimums: made once per call (a
     // `vphaddw` per row and super-block before).
@@ -229,10 +230,7 @@ pub(crate) unsafe fn q6_k_rows(
         1, 3, 5, 7, 9, 11, 13, 15, -1, -1, -1, -1, -1, -1, -1, -1,
     );
     // Word `k` of each half, in every word of the half.
-    let mut pick = [_mm256_setzero_si256(); 8];
-    for (k, p) in pick.iter_mut().enumerate() {
-        *p = _mm256_set1_epi16((2 * k as i16) | ((2 * k as i16 + 1) << 8));
-    }
+    let mut pick = word_picks();
     opaque!(split);
     pick.iter_mut().for_each(|p| opaque!(*p));
     for i in 0..w.count {
