@@ -318,7 +318,7 @@ fn stores_match_llama_cpp_cpu_quantizers() {
 /// of 64 over 3 KV heads), the types alternated and the median of each reported. Each timed
 /// call runs every one of `HEARTH_BENCH_LAYERS` layers (default 1; SmolLM2 has 30, whose cache
 /// at depth 4096 does not fit the caches, as in a decode step), on `HEARTH_BENCH_THREADS`
-/// threads (default 2).
+/// threads (default 2). `HEARTH_SMOLLM2` may name another model file for its shape.
 /// Run: `cargo test --release -p hearth-model --lib bench_attention -- --ignored --nocapture`
 /// (`HEARTH_KERNELS=avx2` for the AVX2 path, e.g. under callgrind, which has no AVX-512).
 #[test]
@@ -363,7 +363,11 @@ fn bench_attention_at_depth() {
         .collect();
     let threads: usize = std::env::var("HEARTH_BENCH_THREADS").map_or(2, |d| d.parse().unwrap());
     let pool = ThreadPool::new(threads);
-    for rows in [1usize, 16] {
+    // `HEARTH_BENCH_ROWS=1` (a comma list) to time some row counts only.
+    let row_counts: Vec<usize> = std::env::var("HEARTH_BENCH_ROWS").map_or(vec![1, 16], |v| {
+        v.split(',').map(|n| n.parse().unwrap()).collect()
+    });
+    for rows in row_counts {
         let q = rng.row(rows * c.q_dim(), 1.0);
         let pos: Vec<usize> = (0..rows).map(|i| depth + i).collect();
         let (lo, seq) = (vec![0; rows], vec![0; rows]);
