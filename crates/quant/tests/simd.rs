@@ -302,6 +302,26 @@ fn quantizer_rows(rng: &mut Rng, n: usize) -> Vec<Vec<f32>> {
         b[7] = if b[0] > 0.0 { 127.0 } else { -127.0 };
     }
     rows.push(ties);
+    // Again amax = 127, each value one float either side of a tie `k + 0.5` (or the tie itself),
+    // where rounding by adding one half to the value would go wrong (0.49999997 + 0.5 rounds to 1).
+    let mut near: Vec<f32> = (0..n)
+        .map(|i| {
+            let tie = ((rng.next_u64() % 254) as f32 - 127.0) + 0.5;
+            let bits = tie.to_bits();
+            f32::from_bits(match i % 3 {
+                0 => bits - 1,
+                1 => bits + 1,
+                _ => bits,
+            })
+        })
+        .collect();
+    for b in near.chunks_mut(32) {
+        b[5] = if b[0] > 0.0 { 127.0 } else { -127.0 };
+        b[9] = 0.49999997;
+        b[10] = -0.49999997;
+        b[11] = 0.5;
+    }
+    rows.push(near);
     // The same with amax = 63.5 (d = 0.5): x.25 / x.75 are ties in units of d.
     rows.push(
         (0..n)

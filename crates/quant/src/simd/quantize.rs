@@ -6,8 +6,8 @@
 //! bit-identical for every input.
 //!
 //! The one subtle step is rounding: Q8_0 / Q8_1 use C's `roundf` (half away from zero) while
-//! `vroundps` only rounds half to even, so [`round_away`] builds `roundf` from truncation and the
-//! exact fractional part. Q8_K rounds with ggml's `nearest_int` (the 1.5 * 2^23 trick), which is
+//! `vroundps` only rounds half to even, so [`round_away_i32`] builds `roundf` from a biased
+//! truncation. Q8_K rounds with ggml's `nearest_int` (the 1.5 * 2^23 trick), which is
 //! round-half-to-even for the magnitudes involved: exactly `vroundps` to nearest.
 
 use std::arch::x86_64::*;
@@ -47,16 +47,25 @@ pub(crate) unsafe fn f16_row(src: &[f32], dst: &mut [u8]) {
     f16(src, dst)
 }
 
-/// `roundf`: round half away from zero. `x - trunc(x)` is exact, so comparing its magnitude with
-/// 0.5 decides the tie the same way C does.
+/// `roundf` (round half away from zero) then the conversion to i32: `y + copysign(0.5⁻, y)`
+/// truncated, where `0.5⁻` is the float just below one half. The sum rounds to nearest, which
+/// lands at or past the next integer exactly when `|y|`'s fraction is at least one half (a
+/// fraction just below one half, such as 0.49999997, stays below it, where adding 0.5 itself
+/// would round up); integers and the magnitudes where every float is an integer are unchanged.
+/// Three operations where truncating and comparing the exact fraction took eight.
 #[inline(always)]
-unsafe fn round_away(x: __m256) -> __m256 {
-    let sign = _mm256_set1_ps(-0.0);
-    let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(x);
-    let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(x, t));
-    let up = _mm256_cmp_ps::<_CMP_GE_OQ>(frac, _mm256_set1_ps(0.5));
-    let one = _mm256_or_ps(_mm256_set1_ps(1.0), _mm256_and_ps(x, sign));
-    _mm256_add_ps(t, _mm256_and_ps(up, one))
+unsafe fn round_away_i32(y: __m256) -> __m256i {
+    let sign = _mm256_and_ps(y, _mm256_set1_ps(-0.0));
+    let half = _mm256_or_ps(sign, _mm256_set1_ps(f32::from_bits(0x3eff_ffff)));
+    _mm256_cvttps_epi32(_mm256_add_ps(y, half))
+}
+
+/// `x` as the two little-endian bytes of an f16 (round to nearest even): what
+/// [`crate::block::f32_to_f16`] gives, without its run-time feature check per call.
+#[inline(always)]
+unsafe fn f16_bytes(x: f32) -> [u8; 2] {
+    let h = _mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(_mm_set_ss(x));
+    (_mm_extract_epi16::<0>(h) as u16).to_le_bytes()
 }
 
 #[inline(always)]
@@ -112,7 +121,7 @@ unsafe fn q8_block(v: &[__m256; 4], id: f32) -> (__m256i, i32) {
 
 #[inline(always)]
 unsafe fn q8_lane(v: __m256, idv: __m256) -> __m256i {
-    _mm256_cvtps_epi32(round_away(_mm256_mul_ps(v, idv)))
+    round_away_i32(_mm256_mul_ps(v, idv))
 }
 
 #[inline(always)]
@@ -167,7 +176,7 @@ unsafe fn q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
             continue;
         }
         let (d, id) = q8_scale(&v);
-        b.d = f32_to_f16(d);
+        b.d = f16_bytes(d);
         let (q, _) = q8_block(&v, id);
         _mm256_storeu_si256(b.qs.as_mut_ptr().cast(), q);
     }
@@ -183,10 +192,10 @@ unsafe fn q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
             continue;
         }
         let (d, id) = q8_scale(&v);
-        b.d = f32_to_f16(d);
+        b.d = f16_bytes(d);
         let (q, sum) = q8_block(&v, id);
         _mm256_storeu_si256(b.qs.as_mut_ptr().cast(), q);
-        b.s = f32_to_f16(sum as f32 * d);
+        b.s = f16_bytes(sum as f32 * d);
     }
 }
 
