@@ -68,6 +68,7 @@ pub struct Scratch {
     lo: Vec<usize>,        // [T] first key of each row in the current layer
     acts: QuantActs,
     tok_acts: QuantActs, // [T] the batch rows quantized once, gathered into `acts` per expert pair
+    ffn_acts: QuantActs, // [T, n_ff] a dense FFN's gated unit quantized by its gate/up pass
     out_rows: Vec<usize>, // [T] batch rows whose logits are wanted
     attn_scratch: AttnScratch, // attention's task lists and chunk states
     logits: Vec<f32>,    // [T, n_vocab]
@@ -112,6 +113,7 @@ impl Scratch {
             lo: vec![0; t],
             acts: QuantActs::with_capacity(t * k, widest),
             tok_acts: QuantActs::with_capacity(if n_expert > 0 { t } else { 0 }, widest),
+            ffn_acts: QuantActs::with_capacity(t, c.n_ff),
             out_rows: Vec::with_capacity(t),
             attn_scratch: AttnScratch::default(),
             logits: vec![0.0; t * c.n_vocab],
@@ -468,9 +470,12 @@ impl Model {
                 let ff = gate.rows;
                 s.acts.quantize(pool, gate.ty, &s.xn, n, d, d);
                 let all = [Group::all(n)];
-                matmul_swiglu(pool, act, gate, up, &s.acts, &all, &mut s.ffn_a, ff);
-                s.acts.quantize(pool, down.ty, &s.ffn_a, n, ff, ff);
-                matmul(pool, down, &s.acts, n, &mut s.proj, d);
+                let (q, acts) = (&mut s.ffn_acts, &s.acts);
+                let fa = &mut s.ffn_a;
+                if !matmul_swiglu(pool, act, gate, up, acts, &all, fa, ff, Some((q, down.ty))) {
+                    q.quantize(pool, down.ty, &s.ffn_a, n, ff, ff);
+                }
+                matmul(pool, down, &s.ffn_acts, n, &mut s.proj, d);
             }
             Ffn::Dense { gate, up, down } => {
                 let ff = gate.rows;
@@ -624,6 +629,7 @@ impl Model {
                 &s.groups,
                 &mut s.ffn_a,
                 ff,
+                None,
             );
         } else {
             for (p, &t) in s.pair_tok[..n * k].iter().enumerate() {

@@ -82,22 +82,15 @@ impl QuantActs {
         cols: usize,
         stride: usize,
     ) {
-        let ty = vec_dot_type(w_ty);
-        let row_bytes = ty
-            .row_bytes(cols as u64)
-            .expect("weight shapes were checked at load") as usize;
-        self.ty = ty;
-        self.cols = cols;
-        self.row_bytes = row_bytes;
-        self.n_rows = n_rows;
-        self.reserve_rows();
+        self.prepare(w_ty, n_rows, cols);
+        let (ty, row_bytes) = (self.ty, self.row_bytes);
         if n_rows == 0 {
             return;
         }
         pool.for_rows(
             &mut self.data[..n_rows * row_bytes],
             row_bytes,
-            QUANTIZE_ROWS_PER_TASK,
+            quantize_rows_per_task(n_rows, pool.n_threads()),
             &|rows, r0| {
                 for (i, dst) in rows.chunks_exact_mut(row_bytes).enumerate() {
                     let r = r0 + i;
@@ -106,6 +99,19 @@ impl QuantActs {
                 }
             },
         );
+    }
+
+    /// Shapes the buffer for `n_rows` rows of `cols` elements quantized for products with `w_ty`
+    /// weights, without writing them: every row must be written before it is read.
+    fn prepare(&mut self, w_ty: GgmlType, n_rows: usize, cols: usize) {
+        let ty = vec_dot_type(w_ty);
+        self.ty = ty;
+        self.cols = cols;
+        self.row_bytes = ty
+            .row_bytes(cols as u64)
+            .expect("weight shapes were checked at load") as usize;
+        self.n_rows = n_rows;
+        self.reserve_rows();
     }
 
     /// Rows `rows[i]` of `src`, in that order, rows split over the pool's threads.
@@ -122,7 +128,7 @@ impl QuantActs {
         pool.for_rows(
             &mut self.data[..rows.len() * row_bytes],
             row_bytes,
-            QUANTIZE_ROWS_PER_TASK,
+            quantize_rows_per_task(rows.len(), pool.n_threads()),
             &|dst, r0| {
                 for (i, d) in dst.chunks_exact_mut(row_bytes).enumerate() {
                     d.copy_from_slice(src.row(rows[r0 + i] as usize));
@@ -193,8 +199,18 @@ impl Group {
     }
 }
 
-/// Activation rows quantized per task.
+/// Activation rows quantized per task, at most.
 const QUANTIZE_ROWS_PER_TASK: usize = 8;
+
+/// Rows per task of quantizing `n_rows` activation rows: [`QUANTIZE_ROWS_PER_TASK`], or fewer so
+/// that every thread gets a share. A server step decodes one row per sequence: with 8 sequences
+/// the 8 rows were one task, run by the caller while the other threads waited (`q8_1_row` was
+/// 2.3% of a profile of `hearth serve` under 8 streams, all of it on one thread).
+fn quantize_rows_per_task(n_rows: usize, threads: usize) -> usize {
+    n_rows
+        .div_ceil(threads.max(1))
+        .clamp(1, QUANTIZE_ROWS_PER_TASK)
+}
 
 /// The granularity of a task's rows (one register block of the lanes kernels); decode tasks make
 /// one kernel call for all their rows, prefill tasks one per [`PREFILL_ROWS_PER_CALL`].
@@ -360,6 +376,14 @@ pub fn matmul_fused(
 /// Each task computes a block of gate rows and the same up rows for its tokens and applies [`glu`]
 /// to them in registers-sized buffers, so the up product is never stored and there is no separate
 /// pass. The values are those of [`matmul_fused`] then [`glu`], bit for bit.
+///
+/// With `quant` (the activations of the product that reads this output, and its weight type),
+/// each task also quantizes its piece of every output row from where it just computed it, when
+/// the type's blocks are short enough for the tasks' pieces to hold whole blocks (Q8_0 and
+/// Q8_1, not Q8_K): the same bytes as [`QuantActs::quantize`] of the output, a block depending on
+/// its own 32 values alone, without a pass that reads the output back from memory (a prefill's
+/// `[512, 1536]` floats: 3 MB, past the L2 cache). Several tokens' rows are then not stored as
+/// floats (`out` is scratch); a single token's are. Returns whether `quant` was written.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_swiglu(
     pool: &ThreadPool,
@@ -370,18 +394,46 @@ pub fn matmul_swiglu(
     groups: &[Group],
     out: &mut [f32],
     out_stride: usize,
-) {
+    quant: Option<(&mut QuantActs, GgmlType)>,
+) -> bool {
     assert!(gate.rows == up.rows && gate.cols == up.cols);
     assert!(acts.ty == vec_dot_type(gate.ty) && acts.ty == vec_dot_type(up.ty));
     let tokens: usize = groups.iter().map(|g| g.n).sum();
     // A row of the pass reads a gate row and an up row.
-    let task_rows = rows_per_task_of(
+    let mut task_rows = rows_per_task_of(
         gate.row_bytes + up.row_bytes,
         gate.rows,
         groups.len(),
         tokens,
         pool.n_threads(),
     );
+    // Quantized in the tasks: every piece of a row (a task's rows, cut at multiples of
+    // `PREFILL_ROWS_PER_CALL` from its first) whole blocks of the activation type.
+    let quant = quant.and_then(|(q, w_ty)| {
+        let qb = vec_dot_type(w_ty).block_size();
+        let whole = (2..=PREFILL_ROWS_PER_CALL).contains(&qb)
+            && PREFILL_ROWS_PER_CALL.is_multiple_of(qb)
+            && gate.rows.is_multiple_of(qb);
+        whole.then(|| {
+            task_rows = task_rows.next_multiple_of(qb);
+            q.prepare(w_ty, tokens, gate.rows);
+            let (ty, rb) = (q.ty, q.row_bytes);
+            (SharedMut::new(&mut q.data[..tokens * rb]), ty, rb, qb)
+        })
+    });
+    let fused = quant.is_some();
+    // Token `t`'s output elements `r0..r0 + x.len()`, quantized into `quant` (`r0` and the length
+    // multiples of the block).
+    let put = |t: usize, r0: usize, x: &[f32]| {
+        if let Some((q, ty, rb, qb)) = &quant {
+            let bb = rb / (gate.rows / qb);
+            let (at, len) = (t * rb + r0 / qb * bb, x.len() / qb * bb);
+            assert!(at + len <= tokens * rb);
+            // SAFETY: in bounds (asserted); each (token, block) is written by exactly one task.
+            let dst = unsafe { q.slice(at, len) };
+            quantize_row(*ty, x, dst).expect("activation types have quantizers");
+        }
+    };
     let chunks = gate.rows.div_ceil(task_rows);
     let out_len = out.len();
     let out_ptr = SharedMut::new(out);
@@ -415,6 +467,7 @@ pub fn matmul_swiglu(
                 );
                 glu(act, d, &u[..d.len()]);
             }
+            put(g.start, t0, dst);
             return;
         }
         let rpc = (t1 - t0).min(PREFILL_ROWS_PER_CALL);
@@ -447,6 +500,10 @@ pub fn matmul_swiglu(
                     glu(act, &mut bg[..len], &bu[..len]);
                     for j in 0..k {
                         let b = j * rpc;
+                        if fused {
+                            put(j0 + j, r0, &bg[b..b + nr]);
+                            continue;
+                        }
                         let at = (j0 + j) * out_stride + r0;
                         assert!(at + nr <= out_len);
                         // SAFETY: in bounds (asserted); each (output row, weight row) is written by
@@ -458,6 +515,7 @@ pub fn matmul_swiglu(
             }
         });
     });
+    fused
 }
 
 /// [`matmul_fused`] with one product.
@@ -510,6 +568,64 @@ mod tests {
             let per = rows_per_task_of(rb, rows, groups, groups, threads);
             assert_eq!(per % ROWS_PER_CALL, 0, "{rows} rows: {per} per task");
             assert_eq!(groups * rows.div_ceil(per), tasks, "{rows} rows of {rb} B");
+        }
+    }
+
+    /// A `rows x cols` weight of type `ty` from a smooth pattern (its bytes kept in `store`).
+    fn weight(store: &mut Vec<u8>, ty: GgmlType, rows: usize, cols: usize, seed: f32) -> Weight {
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as f32 + seed) * 0.61).sin())
+            .collect();
+        let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+        *store = vec![0u8; rows * rb];
+        for (r, dst) in store.chunks_exact_mut(rb).enumerate() {
+            hearth_quant::quantize_row(ty, &x[r * cols..(r + 1) * cols], dst).unwrap();
+        }
+        // SAFETY: the test keeps `store` alive and unchanged while the weight is used.
+        unsafe { Weight::new("w".into(), ty, [cols, rows, 1], rb, store) }
+    }
+
+    #[test]
+    fn gated_unit_quantized_in_its_pass_is_the_quantized_output() {
+        // The quantized gated unit of `matmul_swiglu` (decode's one token and prefill's blocks of
+        // tokens, on one and two threads) is the quantization of its float output, byte for byte;
+        // Q8_K blocks do not fit a task's pieces, and the output is then quantized afterwards.
+        let (cols, rows) = (64, 256);
+        let (mut gs, mut us) = (vec![], vec![]);
+        let gate = weight(&mut gs, GgmlType::Q4_1, rows, cols, 0.0);
+        let up = weight(&mut us, GgmlType::Q4_1, rows, cols, 7.0);
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads);
+            for n in [1, 3, 8, 70] {
+                let x: Vec<f32> = (0..n * cols).map(|i| (i as f32 * 0.37).cos()).collect();
+                let mut acts = QuantActs::with_capacity(n, cols);
+                acts.quantize(&pool, gate.ty, &x, n, cols, cols);
+                let all = [Group::all(n)];
+                let mut out = vec![0f32; n * rows];
+                let act = Activation::Silu;
+                assert!(!matmul_swiglu(
+                    &pool, act, &gate, &up, &acts, &all, &mut out, rows, None
+                ));
+                for down_ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K] {
+                    let mut want = QuantActs::with_capacity(n, rows);
+                    want.quantize(&pool, down_ty, &out, n, rows, rows);
+                    let mut got = QuantActs::with_capacity(n, rows);
+                    let mut scratch = vec![0f32; n * rows];
+                    let q = Some((&mut got, down_ty));
+                    let fused =
+                        matmul_swiglu(&pool, act, &gate, &up, &acts, &all, &mut scratch, rows, q);
+                    assert_eq!(fused, down_ty != GgmlType::Q4_K, "{down_ty}");
+                    if !fused {
+                        continue;
+                    }
+                    assert_eq!((got.ty(), got.n_rows()), (want.ty(), want.n_rows()));
+                    assert_eq!(
+                        got.rows(0, n),
+                        want.rows(0, n),
+                        "{down_ty}, {n} tokens, {threads} threads"
+                    );
+                }
+            }
         }
     }
 }
