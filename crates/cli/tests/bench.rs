@@ -164,3 +164,74 @@ fn quantized_kv_types_report_their_bytes() {
     assert_eq!(deep["n_depth"].as_u64(), Some(4096));
     assert_eq!(bytes(&deep), 65 * bytes(&q8));
 }
+
+/// `--parallel S`: the generation test decodes S sequences together, each after its own context;
+/// its tokens per second count every sequence's tokens, and `n_parallel` says how many there were.
+#[test]
+fn parallel_decodes_several_sequences_per_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    let model = model.to_str().unwrap();
+    hearth(&["synth", "qwen3-moe-tiny", "-o", model]);
+    let out = hearth(&[
+        "bench",
+        model,
+        "-t",
+        "2",
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "2",
+        "-d",
+        "8",
+        "--parallel",
+        "3",
+        "--json",
+    ]);
+    let tests: Vec<Value> = serde_json::from_slice(&out.stdout).expect("a JSON array");
+    assert_eq!(tests.len(), 2);
+    // The prefill test stays one sequence.
+    assert_eq!(tests[0]["n_parallel"].as_u64(), Some(1));
+    let tg = &tests[1];
+    assert_eq!(tg["n_parallel"].as_u64(), Some(3));
+    assert_eq!(
+        (tg["n_gen"].as_u64(), tg["n_depth"].as_u64()),
+        (Some(4), Some(8))
+    );
+    let (ts, ns) = (
+        tg["samples_ts"].as_array().unwrap(),
+        tg["samples_ns"].as_array().unwrap(),
+    );
+    for (ts, ns) in ts.iter().zip(ns) {
+        let tokens = ts.as_f64().unwrap() * ns.as_f64().unwrap() / 1e9;
+        assert!(
+            (tokens - 12.0).abs() < 1e-3,
+            "{tokens} tokens per repetition, not 4 x 3"
+        );
+    }
+
+    let table = hearth(&[
+        "bench",
+        model,
+        "-t",
+        "2",
+        "-p",
+        "0",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--parallel",
+        "3",
+    ]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("tg4 x3"), "{table}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["bench", model, "--parallel", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}

@@ -6,6 +6,12 @@
 //! warm up, then r times; the table gives mean ± sd tokens per second in llama-bench's columns, and
 //! `--json` llama-bench's keys plus Hearth's own (roofline, bandwidth, peak RSS).
 //!
+//! `--parallel S` decodes S sequences together in the `tg` test, as `hearth serve` steps S
+//! concurrent requests: every step is one batch of S tokens, one per sequence, each with its own
+//! context (`-d N` tokens of it each) and its own logits. The test is named `tg128 x8` and its t/s
+//! counts the tokens of all sequences (`n_parallel` in `--json`): the server's decode throughput
+//! without HTTP, scheduling or sampling.
+//!
 //! `-d N` (llama-bench's `--n-depth`) runs the tests after N tokens of context: N random tokens are
 //! prefilled once, untimed, and every repetition then starts at position N. A repetition only
 //! writes positions from N on and attention only reads positions up to the current one, so the
@@ -49,6 +55,10 @@ pub struct Args {
     /// Tokens per prefill batch.
     #[arg(short = 'b', long, default_value_t = 512)]
     pub batch: usize,
+    /// Sequences decoded together in the generation test, one token each per step (as `hearth
+    /// serve` with that many concurrent requests).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub parallel: u16,
     /// Tokens of context before each test (comma-separated for several depths).
     #[arg(
         short = 'd',
@@ -65,6 +75,13 @@ pub struct Args {
 /// Runs `hearth bench`.
 pub fn run(args: Args) -> Result<()> {
     anyhow::ensure!(args.reps > 0, "--repetitions must be at least 1");
+    if fail::has_failpoints() {
+        // `cargo test` builds the binary with the tests' features and leaves it at the release
+        // path: every task of the thread pool then evaluates a failpoint (~1.5% of a server step).
+        eprintln!(
+            "warning: this hearth was built with failpoints (as `cargo test` builds it): they cost              time in every parallel task; `cargo build --release` before measuring"
+        );
+    }
     let n_threads = args.model.n_threads()?;
     let bw = (args.n_gen > 0).then(|| bandwidth::measure(n_threads));
     // The probe's buffer is unmapped by now; forget the peak it left so VmHWM measures the benchmark.
@@ -96,8 +113,9 @@ pub fn run(args: Args) -> Result<()> {
             .saturating_add(args.n_prompt.max(args.n_gen))
             .saturating_add(1)
             .max(16);
-        let kv_need =
-            (n_ctx as u64).saturating_mul(super::common::kv_bytes_per_token(model, m.kv_type));
+        let n_seq = args.parallel as usize;
+        let kv_need = (n_ctx as u64 * n_seq as u64)
+            .saturating_mul(super::common::kv_bytes_per_token(model, m.kv_type));
         if let Some(avail) = super::common::mem_available_bytes() {
             anyhow::ensure!(
                 kv_need < avail,
@@ -106,17 +124,13 @@ pub fn run(args: Args) -> Result<()> {
                 avail as f64 / 1e9
             );
         }
-        let mut kv = KvCache::new(1, c.n_layer, n_ctx, c.k_dim(), c.v_dim(), m.kv_type);
+        let mut kv = KvCache::new(n_seq, c.n_layer, n_ctx, c.k_dim(), c.v_dim(), m.kv_type);
         if depth > 0 {
             let t0 = Instant::now();
-            prefill(
-                model,
-                &m.pool,
-                &mut kv,
-                &mut scratch,
-                &random_tokens(depth),
-                0,
-            )?;
+            for seq in 0..n_seq {
+                let toks = random_tokens(depth);
+                prefill(model, &m.pool, &mut kv, &mut scratch, &toks, seq, 0)?;
+            }
             eprintln!(
                 "depth {depth}: context prefilled in {:.1} s",
                 t0.elapsed().as_secs_f64()
@@ -133,29 +147,39 @@ pub fn run(args: Args) -> Result<()> {
             let samples = measure(args.reps, || {
                 let toks = random_tokens(args.n_prompt);
                 let t0 = Instant::now();
-                prefill(model, &m.pool, &mut kv, &mut scratch, &toks, depth)?;
+                prefill(model, &m.pool, &mut kv, &mut scratch, &toks, 0, depth)?;
                 Ok(t0.elapsed().as_secs_f64())
             })?;
             let name = at(format!("pp{}", args.n_prompt));
-            results.push(Test::new(name, args.n_prompt, 0, depth, samples));
+            results.push(Test::new(name, args.n_prompt, 0, depth, 1, samples));
         }
         if args.n_gen > 0 {
+            let seq: Vec<usize> = (0..n_seq).collect();
+            let want = vec![true; n_seq];
+            let mut dec_scratch =
+                (n_seq > scratch.max_tokens()).then(|| Scratch::new(model, n_seq));
             let samples = measure(args.reps, || {
-                let toks = random_tokens(args.n_gen);
+                let toks = random_tokens(args.n_gen * n_seq);
                 let t0 = Instant::now();
-                for (i, t) in toks.iter().enumerate() {
+                for (i, step) in toks.chunks_exact(n_seq).enumerate() {
+                    let pos = vec![depth + i; n_seq];
                     let batch = Batch {
-                        tokens: std::slice::from_ref(t),
-                        pos: &[depth + i],
-                        seq: &[0],
-                        logits: &[true],
+                        tokens: step,
+                        pos: &pos,
+                        seq: &seq,
+                        logits: &want,
                     };
-                    model.forward(&m.pool, &mut kv, &mut scratch, &batch, None)?;
+                    let s = dec_scratch.as_mut().unwrap_or(&mut scratch);
+                    model.forward(&m.pool, &mut kv, s, &batch, None)?;
                 }
                 Ok(t0.elapsed().as_secs_f64())
             })?;
-            let name = at(format!("tg{}", args.n_gen));
-            results.push(Test::new(name, 0, args.n_gen, depth, samples));
+            let name = if n_seq > 1 {
+                at(format!("tg{} x{n_seq}", args.n_gen))
+            } else {
+                at(format!("tg{}", args.n_gen))
+            };
+            results.push(Test::new(name, 0, args.n_gen, depth, n_seq, samples));
         }
         if kv.bytes() as u64 >= kv_bytes {
             kv_bytes = kv.bytes() as u64;
@@ -199,17 +223,27 @@ struct Test {
     n_prompt: usize,
     n_gen: usize,
     n_depth: usize,
+    /// Sequences of the test (each of `n_gen` tokens).
+    n_seq: usize,
     samples: Vec<f64>, // [reps] seconds per repetition
     test_time: String,
 }
 
 impl Test {
-    fn new(name: String, n_prompt: usize, n_gen: usize, n_depth: usize, samples: Vec<f64>) -> Test {
+    fn new(
+        name: String,
+        n_prompt: usize,
+        n_gen: usize,
+        n_depth: usize,
+        n_seq: usize,
+        samples: Vec<f64>,
+    ) -> Test {
         Test {
             name,
             n_prompt,
             n_gen,
             n_depth,
+            n_seq,
             samples,
             test_time: utc_timestamp(SystemTime::now()),
         }
@@ -217,7 +251,7 @@ impl Test {
 
     /// Tokens per second of each repetition.
     fn samples_ts(&self) -> Vec<f64> {
-        let tokens = (self.n_prompt + self.n_gen) as f64;
+        let tokens = (self.n_prompt + self.n_gen * self.n_seq) as f64;
         self.samples.iter().map(|s| tokens / s).collect()
     }
 }
@@ -282,6 +316,7 @@ impl Report {
                 "n_prompt": t.n_prompt,
                 "n_gen": t.n_gen,
                 "n_depth": t.n_depth,
+                "n_parallel": t.n_seq,
                 "test_time": t.test_time,
                 "avg_ns": avg_ns as u64,
                 "stddev_ns": stddev_ns as u64,
@@ -363,20 +398,21 @@ fn measure(reps: usize, mut f: impl FnMut() -> Result<f64>) -> Result<Vec<f64>> 
     (0..reps).map(|_| f()).collect()
 }
 
-/// Prefills `toks` at positions `start..`.
+/// Prefills `toks` into sequence `seq` at positions `start..`.
 fn prefill(
     model: &Model,
     pool: &ThreadPool,
     kv: &mut KvCache,
     scratch: &mut Scratch,
     toks: &[u32],
+    seq: usize,
     start: usize,
 ) -> Result<()> {
     let chunk = scratch.max_tokens();
     for (ci, part) in toks.chunks(chunk).enumerate() {
         let first = start + ci * chunk;
         let pos: Vec<usize> = (first..first + part.len()).collect();
-        let seq = vec![0; part.len()];
+        let seq = vec![seq; part.len()];
         // Logits for the chunk's last token only, as llama-bench: the output projection is one row.
         let mut want = vec![false; part.len()];
         *want.last_mut().expect("non-empty chunk") = true;
