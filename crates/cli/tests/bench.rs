@@ -19,12 +19,18 @@ fn hearth(args: &[&str]) -> std::process::Output {
     out
 }
 
+/// A synthetic tiny Qwen3-MoE file in a temporary directory (kept while the guard lives).
+fn tiny_model() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf").to_str().unwrap().to_string();
+    hearth(&["synth", "qwen3-moe-tiny", "-o", &model]);
+    (dir, model)
+}
+
 #[test]
 fn json_has_llama_bench_keys_and_peak_rss_excludes_the_probe() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    let model = model.to_str().unwrap();
-    hearth(&["synth", "qwen3-moe-tiny", "-o", model]);
+    let (_dir, model) = tiny_model();
+    let model = model.as_str();
     let out = hearth(&[
         "bench", model, "-t", "2", "-p", "8", "-n", "4", "-r", "2", "--json",
     ]);
@@ -82,10 +88,8 @@ fn json_has_llama_bench_keys_and_peak_rss_excludes_the_probe() {
 /// cannot fit is refused before anything is allocated.
 #[test]
 fn depth_runs_each_test_after_a_context() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    let model = model.to_str().unwrap();
-    hearth(&["synth", "qwen3-moe-tiny", "-o", model]);
+    let (_dir, model) = tiny_model();
+    let model = model.as_str();
     let out = hearth(&[
         "bench", model, "-t", "2", "-p", "8", "-n", "4", "-r", "1", "-d", "0,40", "--json",
     ]);
@@ -126,10 +130,8 @@ fn depth_runs_each_test_after_a_context() {
 /// blocks of 64 positions (4096 + 2 + 1 positions) where -d 40 needs one.
 #[test]
 fn quantized_kv_types_report_their_bytes() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    let model = model.to_str().unwrap();
-    hearth(&["synth", "qwen3-moe-tiny", "-o", model]);
+    let (_dir, model) = tiny_model();
+    let model = model.as_str();
     let bench = |kv: &str, depth: &str| -> Value {
         let out = hearth(&[
             "bench",
@@ -169,10 +171,8 @@ fn quantized_kv_types_report_their_bytes() {
 /// its tokens per second count every sequence's tokens, and `n_parallel` says how many there were.
 #[test]
 fn parallel_decodes_several_sequences_per_step() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    let model = model.to_str().unwrap();
-    hearth(&["synth", "qwen3-moe-tiny", "-o", model]);
+    let (_dir, model) = tiny_model();
+    let model = model.as_str();
     let out = hearth(&[
         "bench",
         model,
