@@ -79,7 +79,8 @@ pub fn run(args: Args) -> Result<()> {
         // `cargo test` builds the binary with the tests' features and leaves it at the release
         // path: every task of the thread pool then evaluates a failpoint (~1.5% of a server step).
         eprintln!(
-            "warning: this hearth was built with failpoints (as `cargo test` builds it): they cost              time in every parallel task; `cargo build --release` before measuring"
+            "warning: this hearth was built with failpoints (as `cargo test` builds it): they cost \
+             time in every parallel task; `cargo build --release` before measuring"
         );
     }
     let n_threads = args.model.n_threads()?;
