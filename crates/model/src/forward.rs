@@ -68,7 +68,7 @@ pub struct Scratch {
     lo: Vec<usize>,        // [T] first key of each row in the current layer
     acts: QuantActs,
     tok_acts: QuantActs, // [T] the batch rows quantized once, gathered into `acts` per expert pair
-    ffn_acts: QuantActs, // [T, n_ff] a dense FFN's gated unit quantized by its gate/up pass
+    ffn_acts: QuantActs, // [T * max(1, k), ff] the gated unit quantized for the down projection
     out_rows: Vec<usize>, // [T] batch rows whose logits are wanted
     attn_scratch: AttnScratch, // attention's task lists and chunk states
     logits: Vec<f32>,    // [T, n_vocab]
@@ -113,7 +113,7 @@ impl Scratch {
             lo: vec![0; t],
             acts: QuantActs::with_capacity(t * k, widest),
             tok_acts: QuantActs::with_capacity(if n_expert > 0 { t } else { 0 }, widest),
-            ffn_acts: QuantActs::with_capacity(t, c.n_ff),
+            ffn_acts: QuantActs::with_capacity(t * k, ff),
             out_rows: Vec::with_capacity(t),
             attn_scratch: AttnScratch::default(),
             logits: vec![0.0; t * c.n_vocab],
@@ -617,10 +617,12 @@ impl Model {
         // Each token's input row quantized once, then the quantized rows gathered in grouped
         // order, so each expert's tokens are consecutive rows of one matrix product (copying the
         // f32 rows and quantizing every pair cost k times the work).
+        // The gated units quantized for the down projection: by the fused pass where it can.
+        let mut quantized = false;
         if fusable(gate_exps, up_exps) {
             s.tok_acts.quantize(pool, gate_exps.ty, &s.xn, n, d, d);
             s.acts.gather(pool, &s.tok_acts, &s.pair_tok[..n * k]);
-            matmul_swiglu(
+            quantized = matmul_swiglu(
                 pool,
                 c.arch.act,
                 gate_exps,
@@ -629,7 +631,7 @@ impl Model {
                 &s.groups,
                 &mut s.ffn_a,
                 ff,
-                None,
+                Some((&mut s.ffn_acts, down_exps.ty)),
             );
         } else {
             for (p, &t) in s.pair_tok[..n * k].iter().enumerate() {
@@ -664,11 +666,14 @@ impl Model {
                 ff,
             );
         }
-        s.acts.quantize(pool, down_exps.ty, &s.ffn_a, n * k, ff, ff);
+        if !quantized {
+            s.ffn_acts
+                .quantize(pool, down_exps.ty, &s.ffn_a, n * k, ff, ff);
+        }
         matmul_gather(
             pool,
             down_exps,
-            &s.acts,
+            &s.ffn_acts,
             &s.groups,
             Some(&s.pair_id),
             &mut s.moe_out,
