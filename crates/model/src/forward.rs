@@ -470,11 +470,8 @@ impl Model {
                 let ff = gate.rows;
                 s.acts.quantize(pool, gate.ty, &s.xn, n, d, d);
                 let all = [Group::all(n)];
-                let (q, acts) = (&mut s.ffn_acts, &s.acts);
-                let fa = &mut s.ffn_a;
-                if !matmul_swiglu(pool, act, gate, up, acts, &all, fa, ff, Some((q, down.ty))) {
-                    q.quantize(pool, down.ty, &s.ffn_a, n, ff, ff);
-                }
+                let (q, acts) = (Some((&mut s.ffn_acts, down.ty)), &s.acts);
+                matmul_swiglu(pool, act, gate, up, acts, &all, &mut s.ffn_a, ff, q);
                 matmul(pool, down, &s.ffn_acts, n, &mut s.proj, d);
             }
             Ffn::Dense { gate, up, down } => {
@@ -617,12 +614,10 @@ impl Model {
         // Each token's input row quantized once, then the quantized rows gathered in grouped
         // order, so each expert's tokens are consecutive rows of one matrix product (copying the
         // f32 rows and quantizing every pair cost k times the work).
-        // The gated units quantized for the down projection: by the fused pass where it can.
-        let mut quantized = false;
         if fusable(gate_exps, up_exps) {
             s.tok_acts.quantize(pool, gate_exps.ty, &s.xn, n, d, d);
             s.acts.gather(pool, &s.tok_acts, &s.pair_tok[..n * k]);
-            quantized = matmul_swiglu(
+            matmul_swiglu(
                 pool,
                 c.arch.act,
                 gate_exps,
@@ -665,8 +660,6 @@ impl Model {
                 &s.ffn_b[..n * k * ff],
                 ff,
             );
-        }
-        if !quantized {
             s.ffn_acts
                 .quantize(pool, down_exps.ty, &s.ffn_a, n * k, ff, ff);
         }

@@ -383,7 +383,8 @@ pub fn matmul_fused(
 /// Q8_1, not Q8_K): the same bytes as [`QuantActs::quantize`] of the output, a block depending on
 /// its own 32 values alone, without a pass that reads the output back from memory (a prefill's
 /// `[512, 1536]` floats: 3 MB, past the L2 cache). Several tokens' rows are then not stored as
-/// floats (`out` is scratch); a single token's are. Returns whether `quant` was written.
+/// floats (`out` is scratch); a single token's are. With longer blocks (Q8_K) the output is
+/// quantized after the pass, so `quant` is written either way.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_swiglu(
     pool: &ThreadPool,
@@ -394,8 +395,8 @@ pub fn matmul_swiglu(
     groups: &[Group],
     out: &mut [f32],
     out_stride: usize,
-    quant: Option<(&mut QuantActs, GgmlType)>,
-) -> bool {
+    quant_out: Option<(&mut QuantActs, GgmlType)>,
+) {
     assert!(gate.rows == up.rows && gate.cols == up.cols);
     assert!(acts.ty == vec_dot_type(gate.ty) && acts.ty == vec_dot_type(up.ty));
     let tokens: usize = groups.iter().map(|g| g.n).sum();
@@ -409,18 +410,22 @@ pub fn matmul_swiglu(
     );
     // Quantized in the tasks: every piece of a row (a task's rows, cut at multiples of
     // `PREFILL_ROWS_PER_CALL` from its first) whole blocks of the activation type.
-    let quant = quant.and_then(|(q, w_ty)| {
+    // The rest quantize the output after the pass (`after`).
+    let (mut after, mut quant) = (None, None);
+    if let Some((q, w_ty)) = quant_out {
         let qb = vec_dot_type(w_ty).block_size();
-        let whole = (2..=PREFILL_ROWS_PER_CALL).contains(&qb)
+        if (2..=PREFILL_ROWS_PER_CALL).contains(&qb)
             && PREFILL_ROWS_PER_CALL.is_multiple_of(qb)
-            && gate.rows.is_multiple_of(qb);
-        whole.then(|| {
+            && gate.rows.is_multiple_of(qb)
+        {
             task_rows = task_rows.next_multiple_of(qb);
             q.prepare(w_ty, tokens, gate.rows);
             let (ty, rb) = (q.ty, q.row_bytes);
-            (SharedMut::new(&mut q.data[..tokens * rb]), ty, rb, qb)
-        })
-    });
+            quant = Some((SharedMut::new(&mut q.data[..tokens * rb]), ty, rb, qb));
+        } else {
+            after = Some((q, w_ty));
+        }
+    }
     let fused = quant.is_some();
     // Token `t`'s output elements `r0..r0 + x.len()`, quantized into `quant` (`r0` and the length
     // multiples of the block).
@@ -515,7 +520,9 @@ pub fn matmul_swiglu(
             }
         });
     });
-    fused
+    if let Some((q, w_ty)) = after {
+        q.quantize(pool, w_ty, out, tokens, gate.rows, out_stride);
+    }
 }
 
 /// [`matmul_fused`] with one product.
@@ -588,8 +595,8 @@ mod tests {
     #[test]
     fn gated_unit_quantized_in_its_pass_is_the_quantized_output() {
         // The quantized gated unit of `matmul_swiglu` (decode's one token and prefill's blocks of
-        // tokens, on one and two threads) is the quantization of its float output, byte for byte;
-        // Q8_K blocks do not fit a task's pieces, and the output is then quantized afterwards.
+        // tokens, on one and two threads) is the quantization of its float output, byte for byte,
+        // also for Q8_K, whose blocks do not fit a task's pieces and are quantized after the pass.
         let (cols, rows) = (64, 256);
         let (mut gs, mut us) = (vec![], vec![]);
         let gate = weight(&mut gs, GgmlType::Q4_1, rows, cols, 0.0);
@@ -603,21 +610,14 @@ mod tests {
                 let all = [Group::all(n)];
                 let mut out = vec![0f32; n * rows];
                 let act = Activation::Silu;
-                assert!(!matmul_swiglu(
-                    &pool, act, &gate, &up, &acts, &all, &mut out, rows, None
-                ));
+                matmul_swiglu(&pool, act, &gate, &up, &acts, &all, &mut out, rows, None);
                 for down_ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K] {
                     let mut want = QuantActs::with_capacity(n, rows);
                     want.quantize(&pool, down_ty, &out, n, rows, rows);
                     let mut got = QuantActs::with_capacity(n, rows);
                     let mut scratch = vec![0f32; n * rows];
                     let q = Some((&mut got, down_ty));
-                    let fused =
-                        matmul_swiglu(&pool, act, &gate, &up, &acts, &all, &mut scratch, rows, q);
-                    assert_eq!(fused, down_ty != GgmlType::Q4_K, "{down_ty}");
-                    if !fused {
-                        continue;
-                    }
+                    matmul_swiglu(&pool, act, &gate, &up, &acts, &all, &mut scratch, rows, q);
                     assert_eq!((got.ty(), got.n_rows()), (want.ty(), want.n_rows()));
                     assert_eq!(
                         got.rows(0, n),

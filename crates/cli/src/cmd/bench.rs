@@ -157,13 +157,14 @@ pub fn run(args: Args) -> Result<()> {
         if args.n_gen > 0 {
             let seq: Vec<usize> = (0..n_seq).collect();
             let want = vec![true; n_seq];
+            let mut pos = vec![0; n_seq];
             let mut dec_scratch =
                 (n_seq > scratch.max_tokens()).then(|| Scratch::new(model, n_seq));
             let samples = measure(args.reps, || {
                 let toks = random_tokens(args.n_gen * n_seq);
                 let t0 = Instant::now();
                 for (i, step) in toks.chunks_exact(n_seq).enumerate() {
-                    let pos = vec![depth + i; n_seq];
+                    pos.fill(depth + i);
                     let batch = Batch {
                         tokens: step,
                         pos: &pos,
