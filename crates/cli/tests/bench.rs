@@ -235,3 +235,33 @@ fn parallel_decodes_several_sequences_per_step() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+/// `--load`: `read` holds the weights in memory (on 2 MiB pages where the OS has them; the tiny file
+/// may be smaller than one), `mmap` maps the file; the JSON and the text say which, and both decode
+/// the same logits (the bit-identity is the model crate's; here the run simply succeeds).
+#[test]
+fn load_reads_or_maps_the_weights() {
+    let (_dir, model) = tiny_model();
+    let model = model.as_str();
+    for (mode, resident) in [("read", true), ("mmap", false)] {
+        let args = [
+            "bench", model, "-t", "1", "-p", "0", "-n", "2", "-r", "1", "--load", mode,
+        ];
+        let out = hearth(&[&args[..], &["--json"]].concat());
+        let tests: Vec<Value> = serde_json::from_slice(&out.stdout).expect("a JSON array");
+        assert_eq!(
+            tests[0]["weights_resident"],
+            Value::Bool(resident),
+            "{mode}"
+        );
+        let text = String::from_utf8(hearth(&args).stdout).unwrap();
+        let line = text.lines().find(|l| l.starts_with("weights: ")).unwrap();
+        assert!(line.contains(&format!("--load {mode}")), "{line}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
+        .args(["bench", model, "-p", "0", "-n", "1", "--load", "copy"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--load"));
+}

@@ -1,4 +1,5 @@
-//! [`Gguf`]: a parsed, validated GGUF file over a read-only memory map (or an owned buffer).
+//! [`Gguf`]: a parsed, validated GGUF file over a read-only memory map, a resident copy read into
+//! huge-page memory ([`Gguf::open_resident`]), or an owned buffer.
 //!
 //! Layout (all little-endian):
 //! ```text
@@ -24,20 +25,28 @@ use crate::{
     ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS, MAX_KV, MAX_NAME_LEN, MAX_TENSORS,
 };
 
-/// The file's bytes: a memory map for real files, a vector for tests and fuzzing.
+/// The file's bytes: a memory map of the file, an anonymous map the file was read into, or a vector
+/// for tests and fuzzing.
 enum Storage {
     Mmap(Mmap),
+    Resident(Mmap),
     Owned(Vec<u8>),
 }
 
 impl Storage {
     fn bytes(&self) -> &[u8] {
         match self {
-            Storage::Mmap(m) => m,
+            Storage::Mmap(m) | Storage::Resident(m) => m,
             Storage::Owned(v) => v,
         }
     }
 }
+
+/// Bytes per read of [`Gguf::open_resident`], between two progress reports.
+const READ_CHUNK: usize = 16 << 20;
+/// Most threads [`Gguf::open_resident`] reads with.
+#[cfg(unix)]
+const READ_THREADS: usize = 8;
 
 /// A GGUF file: header, metadata and tensor index parsed and checked; tensor data left in place.
 pub struct Gguf {
@@ -48,6 +57,98 @@ pub struct Gguf {
     metadata: Metadata,
     tensors: Vec<TensorInfo>,
     by_name: HashMap<String, usize>,
+}
+
+/// Reads `file` from its start into `dst` (exactly `dst.len()` bytes) in [`READ_CHUNK`]s, on up to
+/// [`READ_THREADS`] threads: most of the time goes to the kernel zeroing the fresh pages it maps in
+/// (on a VM, to the host backing them), which runs on as many cores as fault. `progress(done, total)`
+/// is called at 0, after each chunk the calling thread reads, and at the end.
+#[cfg(unix)]
+fn read_all(
+    file: &File,
+    dst: &mut [u8],
+    progress: &mut dyn FnMut(u64, u64),
+) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Mutex;
+
+    let total = dst.len() as u64;
+    progress(0, total);
+    let chunks = Mutex::new(dst.chunks_mut(READ_CHUNK).enumerate());
+    let (done, failed) = (AtomicU64::new(0), AtomicBool::new(false));
+    // Reads chunks until none are left or a reader failed; true if it read one.
+    let read_one = || -> std::io::Result<bool> {
+        let next = chunks.lock().unwrap_or_else(|e| e.into_inner()).next();
+        let Some((i, chunk)) = next.filter(|_| !failed.load(Ordering::Relaxed)) else {
+            return Ok(false);
+        };
+        let r = file.read_exact_at(chunk, (i * READ_CHUNK) as u64);
+        if r.is_err() {
+            failed.store(true, Ordering::Relaxed);
+        }
+        r?;
+        done.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        Ok(true)
+    };
+    let n_threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(READ_THREADS);
+    let mut reported = 0;
+    std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..n_threads)
+            .map(|_| {
+                scope.spawn(|| -> std::io::Result<()> {
+                    while read_one()? {}
+                    Ok(())
+                })
+            })
+            .collect();
+        let mut result = Ok(());
+        loop {
+            match read_one() {
+                Ok(true) => {
+                    let now = done.load(Ordering::Relaxed);
+                    if now > reported {
+                        reported = now;
+                        progress(now, total);
+                    }
+                }
+                Ok(false) => break,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        for h in helpers {
+            let r = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            result = result.and(r);
+        }
+        result
+    })?;
+    if reported < total {
+        progress(total, total);
+    }
+    Ok(())
+}
+
+/// [`read_all`] where positioned reads are not available: one thread, in order.
+#[cfg(not(unix))]
+fn read_all(
+    mut file: &File,
+    dst: &mut [u8],
+    progress: &mut dyn FnMut(u64, u64),
+) -> std::io::Result<()> {
+    let total = dst.len() as u64;
+    progress(0, total);
+    let mut done = 0;
+    for chunk in dst.chunks_mut(READ_CHUNK) {
+        std::io::Read::read_exact(&mut file, chunk)?;
+        done += chunk.len() as u64;
+        progress(done, total);
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for Gguf {
@@ -89,9 +190,47 @@ impl Gguf {
         Gguf::parse(Storage::Mmap(map))
     }
 
+    /// Reads `path` whole into anonymous memory and parses it: the tensor data no longer depends on
+    /// the page cache, and on Linux the memory is advised to be backed by transparent huge pages
+    /// (`MADV_HUGEPAGE`), so streaming the weights costs one TLB entry per 2 MiB instead of per 4 KiB
+    /// page. A decode step reads every weight once, and on 4 KiB pages of the page cache the hardware
+    /// prefetchers stop at every page boundary; docs/perf/decode-kernels.md measures the difference.
+    ///
+    /// The file is validated through a memory map before anything is read, so a bad file fails as
+    /// fast as with [`Gguf::open`]; the copy is then parsed again, so what is validated is what is
+    /// held. `progress(done, total)` is called after each chunk of reading (and once at 0). The
+    /// memory is the file's size, all of it resident: callers check it fits before choosing this.
+    pub fn open_resident(
+        path: impl AsRef<Path>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Gguf, GgufError> {
+        let path = path.as_ref();
+        let open_err = |error| GgufError::Open {
+            path: path.to_owned(),
+            error,
+        };
+        let file = File::open(path).map_err(open_err)?;
+        let len = Gguf::open(path)?.bytes().len();
+        let mut copy = memmap2::MmapOptions::new()
+            .len(len)
+            .map_anon()
+            .map_err(open_err)?;
+        // Advice only: a kernel without transparent huge pages refuses it, and 4 KiB pages still work.
+        #[cfg(target_os = "linux")]
+        let _ = copy.advise(memmap2::Advice::HugePage);
+        // A file cut short since it was validated fails here (`UnexpectedEof`).
+        read_all(&file, &mut copy, progress).map_err(open_err)?;
+        Gguf::parse(Storage::Resident(copy.make_read_only().map_err(open_err)?))
+    }
+
     /// Parses a file held in memory.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Gguf, GgufError> {
         Gguf::parse(Storage::Owned(bytes))
+    }
+
+    /// Whether the bytes were read into memory ([`Gguf::open_resident`]) rather than mapped.
+    pub fn is_resident(&self) -> bool {
+        matches!(self.storage, Storage::Resident(_))
     }
 
     fn parse(storage: Storage) -> Result<Gguf, GgufError> {

@@ -29,6 +29,29 @@ fn gguf_files() -> Vec<PathBuf> {
     out
 }
 
+/// `Gguf::open_resident` holds the same file as `Gguf::open`: the same index, the same bytes, and
+/// its progress runs from 0 to the file's size.
+#[test]
+fn resident_copy_matches_the_map() {
+    for p in gguf_files() {
+        let mapped = Gguf::open(&p).unwrap();
+        let mut reports = Vec::new();
+        let resident = Gguf::open_resident(&p, &mut |done, total| reports.push((done, total)))
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(resident.is_resident() && !mapped.is_resident());
+        let len = std::fs::metadata(&p).unwrap().len();
+        assert_eq!(resident.bytes(), mapped.bytes(), "{}", p.display());
+        assert_eq!(reports.first(), Some(&(0, len)));
+        assert_eq!(reports.last(), Some(&(len, len)));
+        assert!(reports.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(resident.tensors(), mapped.tensors());
+        assert_eq!(resident.metadata().len(), mapped.metadata().len());
+        for t in resident.tensors() {
+            assert_eq!(resident.tensor_data(t), mapped.tensor_data(t));
+        }
+    }
+}
+
 #[test]
 fn every_shared_gguf_opens() {
     for p in gguf_files() {

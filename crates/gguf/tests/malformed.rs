@@ -549,3 +549,24 @@ fn random_byte_flips_never_panic() {
     }
     assert!(ok > 0 && bad > 0, "ok {ok}, bad {bad}");
 }
+
+/// A bad file read with `Gguf::open_resident` fails as `Gguf::open` does, before any byte is copied
+/// (no progress report), and a missing file names its path.
+#[test]
+fn open_resident_validates_before_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.gguf");
+    let mut raw = Raw::header(3, 1, 0);
+    raw.tensor(b"t", &[1u64 << 40], 0, 0);
+    std::fs::write(&path, &raw.0).unwrap();
+    let mut reports = 0;
+    let e = Gguf::open_resident(&path, &mut |_, _| reports += 1).unwrap_err();
+    assert_eq!(e.to_string(), Gguf::open(&path).unwrap_err().to_string());
+    assert_eq!(reports, 0);
+
+    let missing = dir.path().join("missing.gguf");
+    let e = Gguf::open_resident(&missing, &mut |_, _| reports += 1).unwrap_err();
+    assert!(matches!(e, GgufError::Open { .. }), "{e:?}");
+    assert!(e.to_string().contains("missing.gguf"), "{e}");
+    assert_eq!(reports, 0);
+}

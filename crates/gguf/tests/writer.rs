@@ -291,3 +291,29 @@ fn huge_alignment_pads_without_buffering() {
     w.write_tensor_data(&[0; 4]).unwrap();
     assert_eq!(w.finish().unwrap().0, 2 << 30);
 }
+
+/// A file of several read chunks (16 MiB each, read on several threads) comes back byte for byte
+/// through `Gguf::open_resident`, with progress reports that only grow and end at the file's size.
+#[test]
+fn open_resident_reads_a_file_of_many_chunks() {
+    let n: u64 = 11 << 20; // 44 MiB of f32: three chunks, the last one short
+    let data: Vec<u8> = (0..n * 4).map(|i| (i * 7 + i / 4099) as u8).collect();
+    let bytes = GgufBuilder::new()
+        .kv("general.architecture", Value::String("test".into()))
+        .tensor("big", GgmlType::F32, &[n], data.clone())
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+
+    let mut reports = Vec::new();
+    let g = Gguf::open_resident(&path, &mut |done, total| reports.push((done, total))).unwrap();
+    assert!(g.is_resident());
+    assert_eq!(g.bytes(), &bytes[..]);
+    assert_eq!(g.tensor_data(g.tensor("big").unwrap()), &data[..]);
+    let len = bytes.len() as u64;
+    assert_eq!(reports.first(), Some(&(0, len)));
+    assert_eq!(reports.last(), Some(&(len, len)));
+    assert!(reports.windows(2).all(|w| w[0].0 < w[1].0), "{reports:?}");
+}

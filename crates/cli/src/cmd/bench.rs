@@ -209,6 +209,9 @@ pub fn run(args: Args) -> Result<()> {
         bandwidth: bw,
         peak_rss: peak_rss_bytes(),
         peak_rss_includes_probe: !rss_reset && args.n_gen > 0,
+        weights: m.weights.clone(),
+        weights_resident: model.gguf().is_resident(),
+        weights_huge_page_bytes: huge_page_bytes(model.gguf().bytes()),
         results,
     };
     if args.json {
@@ -274,6 +277,11 @@ struct Report {
     bandwidth: Option<Bandwidth>,
     peak_rss: u64,
     peak_rss_includes_probe: bool,
+    /// How the weights are held (`--load`), and why.
+    weights: String,
+    weights_resident: bool,
+    /// Of the weights' mapping, the bytes on transparent huge pages (`None`: unknown here).
+    weights_huge_page_bytes: Option<u64>,
     results: Vec<Test>,
 }
 
@@ -339,6 +347,8 @@ impl Report {
                 "peak_rss_bytes": self.peak_rss,
                 "peak_rss_bound_bytes": self.rss_bound(),
                 "peak_rss_includes_probe": self.peak_rss_includes_probe,
+                "weights_resident": self.weights_resident,
+                "weights_huge_page_bytes": self.weights_huge_page_bytes,
             })
         });
         serde_json::Value::Array(tests.collect())
@@ -391,6 +401,14 @@ impl Report {
             self.kv_depth,
             self.rss_bound() as f64 / 1e6,
         );
+        let huge = self.weights_huge_page_bytes.map_or(String::new(), |b| {
+            format!(
+                "; {:.1} of {:.1} MB on 2 MiB pages",
+                b as f64 / 1e6,
+                self.file_size as f64 / 1e6
+            )
+        });
+        println!("weights: {}{huge}", self.weights);
     }
 }
 
@@ -545,6 +563,53 @@ fn weight_bytes_per_token(model: &Model) -> u64 {
     total
 }
 
+/// Of the mapping that holds `bytes`, the bytes backed by transparent huge pages: its
+/// `AnonHugePages` (a file read into memory) plus `FilePmdMapped` (a mapped file's huge folios) in
+/// /proc/self/smaps. `None` where that file is missing or does not list the mapping.
+fn huge_page_bytes(bytes: &[u8]) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    huge_page_bytes_in(&smaps, bytes.as_ptr() as u64)
+}
+
+/// [`huge_page_bytes`] of the mapping containing `addr`, from the text of an smaps file.
+fn huge_page_bytes_in(smaps: &str, addr: u64) -> Option<u64> {
+    let mut inside = false;
+    let mut found = None;
+    for line in smaps.lines() {
+        let range = line
+            .split_whitespace()
+            .next()
+            .and_then(|r| r.split_once('-'));
+        let bounds = range.and_then(|(a, b)| {
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        });
+        if let Some((start, end)) = bounds {
+            if found.is_some() {
+                break;
+            }
+            inside = (start..end).contains(&addr);
+            if inside {
+                found = Some(0);
+            }
+            continue;
+        }
+        if !inside {
+            continue;
+        }
+        if let Some(rest) = line
+            .strip_prefix("AnonHugePages:")
+            .or_else(|| line.strip_prefix("FilePmdMapped:"))
+        {
+            let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+            found = found.map(|f: u64| f + kb * 1024);
+        }
+    }
+    found
+}
+
 /// Resets this process's peak-RSS mark (`VmHWM`, and with it the `ru_maxrss` a parent sees) to the
 /// current RSS, by writing 5 to /proc/self/clear_refs (Linux ≥ 4.0). False where that is refused.
 fn reset_peak_rss() -> bool {
@@ -567,6 +632,35 @@ fn peak_rss_bytes() -> u64 {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn huge_pages_of_the_mapping_holding_an_address() {
+        let smaps = "\
+55d0a0000000-55d0a0021000 rw-p 00000000 00:00 0      [heap]
+Size:                132 kB
+AnonHugePages:         0 kB
+7f0000000000-7f0006000000 r--p 00000000 00:00 0
+Size:              98304 kB
+AnonHugePages:     94208 kB
+FilePmdMapped:         0 kB
+VmFlags: rd mr mw me hg
+7f0006000000-7f0006200000 r--p 00000000 fd:00 12  /models/m.gguf
+AnonHugePages:         0 kB
+FilePmdMapped:      2048 kB
+";
+        assert_eq!(
+            huge_page_bytes_in(smaps, 0x7f00_0000_1000),
+            Some(94208 * 1024)
+        );
+        assert_eq!(
+            huge_page_bytes_in(smaps, 0x7f00_0600_0000),
+            Some(2048 * 1024)
+        );
+        assert_eq!(huge_page_bytes_in(smaps, 0x55d0_a000_0010), Some(0));
+        assert_eq!(huge_page_bytes_in(smaps, 0x1000), None);
+        // This process's own: a heap address is in some mapping.
+        assert!(huge_page_bytes(&[0u8; 4]).is_some() || !cfg!(target_os = "linux"));
+    }
 
     #[test]
     fn timestamps_are_utc_iso8601() {

@@ -31,6 +31,23 @@ pub struct ModelArgs {
     /// (for heads that are multiples of 32 elements).
     #[arg(long, value_enum, default_value = "f16")]
     pub kv_type: KvTypeArg,
+    /// How the weights are held: `read` copies the file into memory on 2 MiB pages (decoding streams
+    /// them faster), `mmap` maps the file (pages read on first use, shared with other processes,
+    /// dropped by the kernel under memory pressure), `auto` reads when the file fits in the
+    /// available memory with 2 GiB to spare and the OS has transparent huge pages, else maps.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub load: LoadArg,
+}
+
+/// `--load`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadArg {
+    /// `read` when the file fits with room to spare and huge pages exist, else `mmap`.
+    Auto,
+    /// Read the whole file into memory (on 2 MiB pages where the OS has them).
+    Read,
+    /// Map the file.
+    Mmap,
 }
 
 /// `--kv-type`.
@@ -68,10 +85,84 @@ pub struct Loaded {
     /// Token positions of the KV pool shared by the server's sequences.
     pub pool_tokens: usize,
     pub kv_type: KvType,
+    /// How the weights are held, and why (`--load`), for logs and `hearth bench`.
+    pub weights: String,
 }
 
 /// Memory kept free beside the weights and the KV cache (scratch, the allocator, the OS).
 const HEADROOM_BYTES: u64 = 1 << 30;
+
+/// Memory that `--load auto` leaves free beside a file it reads into memory: the weights cannot be
+/// paged out once read, so the KV cache, scratch and the rest of the machine need this much room.
+const READ_SPARE_BYTES: u64 = 2 << 30;
+
+/// How `--load` holds the weights.
+#[derive(Debug, PartialEq, Eq)]
+struct Residency {
+    /// Read into memory ([`Gguf::open_resident`]) rather than mapped.
+    read: bool,
+    /// Why, for the log.
+    why: String,
+}
+
+/// Decides `--load` for a file of `file` bytes with `available` bytes of memory free, on an OS whose
+/// transparent huge pages are `thp` (`None`: unknown or absent). Reading a file that does not fit is
+/// refused even when asked for: the process would be killed for memory instead.
+fn choose_load(
+    mode: LoadArg,
+    file: u64,
+    available: Option<u64>,
+    thp: Option<bool>,
+) -> Result<Residency> {
+    let gb = |b: u64| b as f64 / 1e9;
+    let read = |why: &str| Residency {
+        read: true,
+        why: format!("read into memory ({why})"),
+    };
+    let map = |why: String| Residency { read: false, why };
+    Ok(match mode {
+        LoadArg::Mmap => map("mapped from the file (--load mmap)".into()),
+        LoadArg::Read => {
+            if let Some(a) = available {
+                anyhow::ensure!(
+                    file <= a,
+                    "--load read: the file is {:.2} GB, more than the {:.2} GB of memory \
+                     available; --load mmap maps it instead",
+                    gb(file),
+                    gb(a)
+                );
+            }
+            read("--load read")
+        }
+        LoadArg::Auto => match (thp, available) {
+            (Some(true), Some(a)) if file.saturating_add(READ_SPARE_BYTES) <= a => {
+                read("2 MiB pages; --load mmap maps it instead")
+            }
+            (Some(true), Some(a)) => map(format!(
+                "mapped from the file: {:.2} GB does not fit in the {:.2} GB available with \
+                 {:.2} GB to spare (--load read reads it anyway)",
+                gb(file),
+                gb(a),
+                gb(READ_SPARE_BYTES)
+            )),
+            (Some(true), None) => map("mapped from the file: available memory unknown".into()),
+            _ => map("mapped from the file: the OS has no transparent huge pages".into()),
+        },
+    })
+}
+
+/// Whether transparent huge pages can back an `madvise(MADV_HUGEPAGE)` region: the setting in
+/// /sys/kernel/mm/transparent_hugepage/enabled is `always` or `madvise` (`None`: not Linux, or a
+/// kernel without them).
+pub fn thp_enabled() -> Option<bool> {
+    parse_thp(&std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?)
+}
+
+/// The bracketed choice of `always [madvise] never`.
+fn parse_thp(s: &str) -> Option<bool> {
+    let chosen = s.split('[').nth(1)?.split(']').next()?;
+    Some(matches!(chosen, "always" | "madvise"))
+}
 
 /// Contexts are rounded down to a multiple of this.
 const CTX_ROUND: usize = 256;
@@ -92,22 +183,23 @@ pub fn kv_bytes_per_token(model: &Model, kv_type: KvType) -> u64 {
 }
 
 /// Chooses the KV pool and the context per sequence. The pool is what the budget holds
-/// (`--kv-budget`, or the memory available after the weights less [`HEADROOM_BYTES`]); it is shared
-/// by the `parallel` sequences, any of which may grow to the context: `-c` when given, else the
-/// model's trained context limited by the pool.
+/// (`--kv-budget`, or the memory `available` before the weights were loaded, less the weights and
+/// [`HEADROOM_BYTES`]); it is shared by the `parallel` sequences, any of which may grow to the
+/// context: `-c` when given, else the model's trained context limited by the pool.
 pub fn context_size(
     model: &Model,
     kv_type: KvType,
     parallel: usize,
     ctx: Option<usize>,
     budget: Option<u64>,
+    available: Option<u64>,
 ) -> Result<ContextSize> {
     choose_context(
         &Facts {
             per_token: kv_bytes_per_token(model, kv_type),
             trained: model.config.n_ctx_train,
             weights: model.gguf().bytes().len() as u64,
-            available: mem_available_bytes(),
+            available,
             kind: kv_type.name().to_string(),
         },
         parallel,
@@ -273,6 +365,22 @@ pub fn with_spinner<T>(msg: &str, f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// A progress bar of bytes on stderr (its length set as it runs); hidden when stderr is not a
+/// terminal.
+pub fn bytes_progress_bar(msg: &str) -> indicatif::ProgressBar {
+    let pb =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    pb.set_message(msg.to_string());
+    pb
+}
+
 /// A progress bar of `len` steps on stderr; hidden when stderr is not a terminal.
 pub fn progress_bar(len: u64, msg: &str) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::with_draw_target(
@@ -317,11 +425,31 @@ impl ModelArgs {
     fn load_sized(&self, parallel: Option<usize>) -> Result<Loaded> {
         let path = &self.model;
         let n_threads = self.n_threads()?;
+        // Measured before the weights take their share (read into memory, they leave it).
+        let available = mem_available_bytes();
+        // A file that cannot be stat'ed is mapped, and opening it reports why.
+        let residency = match std::fs::metadata(path) {
+            Ok(m) => choose_load(self.load, m.len(), available, thp_enabled())?,
+            Err(_) => Residency {
+                read: false,
+                why: String::new(),
+            },
+        };
+        let gguf = if residency.read {
+            let pb = bytes_progress_bar(&format!("reading {}", path.display()));
+            let g = Gguf::open_resident(path, &mut |done, total| {
+                pb.set_length(total);
+                pb.set_position(done);
+            });
+            pb.finish_and_clear();
+            g
+        } else {
+            Gguf::open(path)
+        };
+        let gguf = Arc::new(gguf.with_context(|| format!("cannot open {}", path.display()))?);
+        tracing::info!("weights: {}", residency.why);
         let (model, tokenizer) =
             with_spinner(&format!("loading {}", path.display()), || -> Result<_> {
-                let gguf = Arc::new(
-                    Gguf::open(path).with_context(|| format!("cannot open {}", path.display()))?,
-                );
                 let tokenizer = Tokenizer::from_gguf(gguf.metadata())
                     .with_context(|| format!("{}: tokenizer", path.display()))?;
                 let model =
@@ -333,7 +461,7 @@ impl ModelArgs {
             .check_heads(model.config.head_dim, model.config.head_dim_v)
             .with_context(|| format!("--kv-type {}", kv_type.name()))?;
         let sizing = match parallel {
-            Some(p) => context_size(&model, kv_type, p, self.ctx, self.kv_budget)?,
+            Some(p) => context_size(&model, kv_type, p, self.ctx, self.kv_budget, available)?,
             None => ContextSize {
                 n_ctx: model.config.n_ctx_train,
                 pool_tokens: model.config.n_ctx_train,
@@ -350,6 +478,7 @@ impl ModelArgs {
             n_ctx: sizing.n_ctx,
             pool_tokens: sizing.pool_tokens,
             kv_type,
+            weights: residency.why,
         })
     }
 }
@@ -418,7 +547,7 @@ pub fn isolate(template: ChatTemplate) -> ChatTemplate {
 
 #[cfg(test)]
 mod tests {
-    use super::{choose_context, parse_size, Facts};
+    use super::{choose_context, choose_load, parse_size, parse_thp, Facts, LoadArg};
 
     const GB: u64 = 1 << 30;
 
@@ -474,5 +603,45 @@ mod tests {
         assert!(parse_size("8X").is_err());
         assert!(parse_size("0").is_err());
         assert!(parse_size("1e400").is_err());
+    }
+
+    #[test]
+    fn load_reads_what_fits_with_room_to_spare() {
+        let auto = |file, avail, thp| choose_load(LoadArg::Auto, file, avail, thp).unwrap().read;
+        assert!(auto(GB, Some(24 * GB), Some(true)));
+        // 18.6 GB on a 24 GB machine: 2 GiB to spare is met at 20.8 GB available, not at 20.5.
+        assert!(auto(18_600_000_000, Some(20_800_000_000), Some(true)));
+        assert!(!auto(18_600_000_000, Some(20_500_000_000), Some(true)));
+        // No huge pages, or no idea of the memory: mapped.
+        assert!(!auto(GB, Some(24 * GB), Some(false)));
+        assert!(!auto(GB, Some(24 * GB), None));
+        assert!(!auto(GB, None, Some(true)));
+        let why = choose_load(LoadArg::Auto, 30 * GB, Some(24 * GB), Some(true))
+            .unwrap()
+            .why;
+        assert!(why.contains("--load read"), "{why}");
+
+        // Asked for: read whatever the pages, refused past the memory available, with the way out.
+        assert!(choose_load(LoadArg::Read, GB, None, None).unwrap().read);
+        assert!(
+            choose_load(LoadArg::Read, GB, Some(2 * GB), Some(false))
+                .unwrap()
+                .read
+        );
+        let e = choose_load(LoadArg::Read, 30 * GB, Some(24 * GB), Some(true)).unwrap_err();
+        assert!(e.to_string().contains("--load mmap"), "{e}");
+        assert!(
+            !choose_load(LoadArg::Mmap, GB, Some(24 * GB), Some(true))
+                .unwrap()
+                .read
+        );
+    }
+
+    #[test]
+    fn thp_setting_is_the_bracketed_word() {
+        assert_eq!(parse_thp("always [madvise] never\n"), Some(true));
+        assert_eq!(parse_thp("[always] madvise never\n"), Some(true));
+        assert_eq!(parse_thp("always madvise [never]\n"), Some(false));
+        assert_eq!(parse_thp("garbage"), None);
     }
 }
