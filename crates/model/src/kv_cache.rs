@@ -19,13 +19,15 @@
 //! Sliding-window layers keep every position too, not a ring of `window` rows as llama.cpp's SWA
 //! cache does: a position has the same address in every layer, so sharing a prefix or rewinding a
 //! sequence needs no per-layer bookkeeping, and attention simply never reads behind a window.
-//! Untouched blocks cost no resident memory (the store is a lazily mapped zeroed allocation).
+//! Untouched blocks cost no resident memory (the store is a lazily mapped zeroed allocation, mapped in
+//! 2 MiB pages where the OS has transparent huge pages).
 
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use crate::error::ModelError;
 use crate::kv_quant::{self, KvQuant, QK};
+use crate::memory::advise_huge_pages;
 
 /// Token positions per pool block.
 pub const BLOCK: usize = 64;
@@ -114,11 +116,17 @@ impl Store {
     /// `rows` zeroed rows (zeroed allocations map lazily, so an unused pool costs no resident
     /// memory).
     fn new(ty: KvType, rows: usize, width: usize, keys: bool) -> Store {
-        let data = match (ty, ty.quant()) {
+        let mut data = match (ty, ty.quant()) {
             (_, Some(q)) => Data::Quant(q, vec![0u8; rows * ty.row_bytes(width)]),
             (KvType::F16, None) => Data::F16(vec![0u16; rows * width]),
             _ => Data::F32(vec![0.0; rows * width]),
         };
+        // Attention at depth streams the store: 2 MiB pages, mapped as the pool fills.
+        match &mut data {
+            Data::F16(v) => advise_huge_pages(v),
+            Data::F32(v) => advise_huge_pages(v),
+            Data::Quant(_, v) => advise_huge_pages(v),
+        }
         let transposed = keys && ty.quant().is_none();
         debug_assert!(!transposed || rows.is_multiple_of(BLOCK));
         Store {
