@@ -290,6 +290,71 @@ fn matrix_is_bit_identical_to_single_dots() {
     }
 }
 
+/// Quants at their extremes against activations at theirs, every product of a block the same sign:
+/// the largest partial sums the 8-bit kernels hold in i16 lanes before widening (their bounds are
+/// in `simd/ymm/legacy.rs`). Each level's result stays within the scalar twin's tolerance (an i16
+/// lane that wrapped would be off by far more), and one token (the decode kernels) gives the same
+/// bits as three (the register-blocked ones).
+#[test]
+fn extreme_quants_stay_exact() {
+    for level in available_isas() {
+        for ty in dot_types() {
+            let aty = vec_dot_type(ty);
+            let n = if ty.block_size() == 1 { 64 } else { 512 };
+            let (n_w, n_acts) = (9, 3);
+            let wrow = ty.row_bytes(n as u64).unwrap() as usize;
+            let arow = aty.row_bytes(n as u64).unwrap() as usize;
+            for fill in [0xFFu8, 0x80, 0x7F, 0x88, 0x00] {
+                if ty.block_size() == 1 {
+                    continue;
+                }
+                let mut w = vec![fill; wrow * n_w];
+                for (i, block) in w.chunks_exact_mut(ty.type_size()).enumerate() {
+                    for &off in f16_fields(ty) {
+                        let v = half::f16::from_f32(if i % 2 == 0 { 0.01 } else { -0.02 });
+                        block[off..off + 2].copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+                let mut acts = vec![];
+                for j in 0..n_acts {
+                    let x: Vec<f32> = (0..n)
+                        .map(|k| match j {
+                            0 => 1.0,
+                            1 => -1.0,
+                            _ => 1.0 - 2.0 * (k / 32 % 2) as f32,
+                        })
+                        .collect();
+                    acts.extend(quantize(aty, &x));
+                }
+                let wr = Rows::packed(&w, wrow);
+                let mut many = vec![0f32; n_w * n_acts];
+                vec_dot_matrix_at(level, ty, n, wr, Rows::packed(&acts, arow), &mut many, n_w);
+                for j in 0..n_acts {
+                    let a = &acts[j * arow..(j + 1) * arow];
+                    let mut one = vec![0f32; n_w];
+                    vec_dot_matrix_at(level, ty, n, wr, Rows::packed(a, arow), &mut one, n_w);
+                    for i in 0..n_w {
+                        let wi = &w[i * wrow..(i + 1) * wrow];
+                        let want = vec_dot_at(Level::Scalar, ty, n, wi, a);
+                        let tol = 1e-5 * magnitude(ty, n, wi, a) + 1e-6;
+                        let got = many[j * n_w + i];
+                        assert!(
+                            (got as f64 - want as f64).abs() <= tol,
+                            "{ty} {level} fill {fill:#x} act {j} row {i}: {got} vs scalar {want}"
+                        );
+                        assert_eq!(
+                            got.to_bits(),
+                            one[i].to_bits(),
+                            "{ty} {level} fill {fill:#x} act {j} row {i}: one token {} vs three {got}",
+                            one[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Rows that stress the quantizers: exact ties of `x * id`, zeros, tiny and huge values, a negative
 /// extreme, plus plain random rows.
 fn quantizer_rows(rng: &mut Rng, n: usize) -> Vec<Vec<f32>> {

@@ -8,11 +8,17 @@
 //!
 //! The f32 chain per output is that of `lanes.rs`: `acc = fma(dx * dy, isum, acc)` per block (type
 //! 1 also `accm = fma(mx, sy, accm)`, output `acc + accm`).
+//!
+//! One token (decode) through Q4_0, Q4_1, Q8_0 or IQ4_NL rows streams them ([`L::window`]): 16
+//! bytes of each of the 8 rows at a time, transposed in registers, each 4-byte window multiplied
+//! as it arrives by the activation quants laid out to meet it. Nothing is stored and reloaded, and
+//! the blocks of 18 and 34 bytes that do not start on a dword need no realigning; the windows of a
+//! block give its integer sum as the unpacked block does, so the results are the same bits.
 
 use std::arch::x86_64::*;
 use std::ptr::read_unaligned;
 
-use super::{bcast, halves_f32, low_f32, nib_hi, nib_lo, Dp, Fmt, TChunk};
+use super::{bcast, halves_f32, load_t4, low_f32, nib_hi, nib_lo, Dp, Fmt, TChunk, LANES};
 use crate::iq4::KVALUES_IQ4NL;
 use crate::simd::avx2::f16c;
 
@@ -48,7 +54,16 @@ pub(crate) trait Legacy {
     /// How many products of two quants add up in i16 without overflow (`vpmaddubsw` pairs of
     /// 4-bit quants: 8, of 5-bit quants: 4).
     const G: usize = 1;
+    /// Quants per byte in the one-token stream ([`L::period`]): 2 (nibbles) or 1 (bytes); 0 where
+    /// the format has none (Q5_0 / Q5_1: their fifth bits lie apart from their nibbles).
+    const STREAM_Q: usize = 0;
     unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m256i; 8]) -> (__m256, __m256);
+    /// The one-token stream's quants of a window of 4 bytes per row: the low nibbles' values (or
+    /// the bytes) and the high nibbles' values (unused for bytes).
+    #[inline(always)]
+    unsafe fn window_quants(w: __m256i) -> (__m256i, __m256i) {
+        (nib_lo(w), nib_hi(w))
+    }
 }
 
 pub(crate) struct Q4_0;
@@ -125,6 +140,7 @@ unsafe fn nibbles5(src: &TChunk, o: usize, q: &mut [__m256i; 8]) {
 }
 
 impl Legacy for Q4_0 {
+    const STREAM_Q: usize = 2;
     const WB: usize = 18;
     const KIND: Kind = Kind::Offset;
     const OFFSET: i32 = 8;
@@ -137,6 +153,7 @@ impl Legacy for Q4_0 {
 }
 
 impl Legacy for Q4_1 {
+    const STREAM_Q: usize = 2;
     const WB: usize = 20;
     const KIND: Kind = Kind::Type1;
     const G: usize = 8;
@@ -171,6 +188,11 @@ impl Legacy for Q5_1 {
 }
 
 impl Legacy for Q8_0 {
+    const STREAM_Q: usize = 1;
+    #[inline(always)]
+    unsafe fn window_quants(w: __m256i) -> (__m256i, __m256i) {
+        (w, w)
+    }
     const WB: usize = 34;
     const KIND: Kind = Kind::Signed;
     #[inline(always)]
@@ -183,6 +205,15 @@ impl Legacy for Q8_0 {
 }
 
 impl Legacy for Iq4Nl {
+    const STREAM_Q: usize = 2;
+    #[inline(always)]
+    unsafe fn window_quants(w: __m256i) -> (__m256i, __m256i) {
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
+        (
+            _mm256_shuffle_epi8(table, nib_lo(w)),
+            _mm256_shuffle_epi8(table, nib_hi(w)),
+        )
+    }
     const WB: usize = 18;
     const KIND: Kind = Kind::Signed;
     #[inline(always)]
@@ -277,6 +308,170 @@ impl<W: Legacy> L<W> {
     }
 }
 
+/// What the one-token stream carries from one window to the next: the window group last loaded,
+/// the headers of the blocks seen so far in the period, the integer sums of the open block and the
+/// two f32 chains.
+struct Stream {
+    t: [__m256i; 4],
+    d: [__m256; STREAM_MAX_PERIOD],
+    m: [__m256; STREAM_MAX_PERIOD],
+    is: __m256i,
+    x: __m256i,
+    acc: __m256,
+    accm: __m256,
+}
+
+/// Most blocks in a stream period (formats of 18 and 34 bytes: 8 blocks make whole 16-byte loads).
+const STREAM_MAX_PERIOD: usize = 8;
+
+impl<W: Legacy> L<W> {
+    /// Blocks per period of the one-token stream: the fewest whose bytes are whole 16-byte loads.
+    const PERIOD: usize = {
+        let (mut a, mut b) = (W::WB, 16);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        16 / a
+    };
+    /// Header bytes of a weight block (scale, and minimum for type 1) before its quants.
+    const H: usize = W::WB
+        - match W::STREAM_Q {
+            2 => 16,
+            1 => 32,
+            _ => 0,
+        };
+
+    /// Window `J` (bytes `4J..4J + 4` of every row from the period's start) of the one-token
+    /// stream. `m` holds the period's activation windows ([`L::mirror`]): for each weight window,
+    /// the activation's quants that meet it (low nibbles, then high nibbles), broadcast, and zero
+    /// over header bytes, so a window that holds header bytes adds nothing for them. Every
+    /// constant below folds: `J` fixes which block owns the window (the one its first byte is in,
+    /// which holds all its quants: a block's header is 2 or 4 bytes, so no window holds quants of
+    /// two blocks), whether a block's header starts in it, and whether it is the block's last.
+    #[inline(always)]
+    unsafe fn window<D: Dp, const J: usize>(
+        rows: &[*const u8; LANES],
+        off: usize,
+        m: *const __m256i,
+        q: *const LegacyQ,
+        st: &mut Stream,
+    ) {
+        let nw = Self::PERIOD * W::WB / 4;
+        if J >= nw {
+            return;
+        }
+        if J % 4 == 0 {
+            st.t = load_t4(rows, off + 4 * J);
+        }
+        let w = st.t[J % 4];
+        let p = 4 * J;
+        let b = p / W::WB;
+        // A block whose header starts in this window (at byte 0 or 2 of it).
+        let hb = p.div_ceil(W::WB);
+        if hb < Self::PERIOD && hb * W::WB < p + 4 {
+            let (lo, hi) = halves_f32(w);
+            if hb * W::WB == p {
+                st.d[hb] = lo;
+                st.m[hb] = hi;
+            } else {
+                st.d[hb] = hi;
+            }
+        }
+        // Quants of block b in this window (all but a window of only a 4-byte header).
+        if p + 4 > b * W::WB + Self::H {
+            let (lo, hi) = W::window_quants(w);
+            let yl = *m.add(W::STREAM_Q * J);
+            if W::KIND == Kind::Signed {
+                st.is = D::dp(st.is, _mm256_sign_epi8(lo, lo), _mm256_sign_epi8(yl, lo));
+                if W::STREAM_Q == 2 {
+                    let yh = *m.add(W::STREAM_Q * J + 1);
+                    st.is = D::dp(st.is, _mm256_sign_epi8(hi, hi), _mm256_sign_epi8(yh, hi));
+                }
+            } else {
+                let yh = *m.add(W::STREAM_Q * J + 1);
+                if D::VNNI {
+                    st.is = D::dp(st.is, lo, yl);
+                    st.is = D::dp(st.is, hi, yh);
+                } else {
+                    // At most 16 products of small quants per i16 lane over a block, as in
+                    // `block` (each quant byte falls in one window, 8 per byte pair of a lane).
+                    let m = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, yl),
+                        _mm256_maddubs_epi16(hi, yh),
+                    );
+                    st.x = _mm256_add_epi16(st.x, m);
+                }
+            }
+        }
+        // The block's last window: its chain step, as `block` with one token.
+        if (p + 4) / W::WB > b || J == nw - 1 {
+            if W::KIND != Kind::Signed && !D::VNNI {
+                st.is = D::madd_acc(st.is, st.x, _mm256_set1_epi16(1));
+                st.x = _mm256_setzero_si256();
+            }
+            let qt = read_unaligned(q.add(b));
+            let mut s = st.is;
+            if W::KIND == Kind::Offset {
+                s = _mm256_add_epi32(s, _mm256_set1_epi32(qt.x as i32));
+            }
+            let d = _mm256_mul_ps(st.d[b], _mm256_set1_ps(qt.d));
+            st.acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), st.acc);
+            if W::KIND == Kind::Type1 {
+                st.accm = _mm256_fmadd_ps(st.m[b], _mm256_set1_ps(f32::from_bits(qt.x)), st.accm);
+            }
+            st.is = _mm256_setzero_si256();
+        }
+    }
+
+    /// One period of blocks from byte `off` of the 8 rows (`m`, `q`: the period's first activation
+    /// window and prepared block).
+    #[inline(always)]
+    unsafe fn period<D: Dp>(
+        rows: &[*const u8; LANES],
+        off: usize,
+        m: *const __m256i,
+        q: *const LegacyQ,
+        st: &mut Stream,
+    ) {
+        macro_rules! windows {
+            ($($j:literal)*) => {
+                $(Self::window::<D, $j>(rows, off, m, q, st);)*
+            };
+        }
+        const { assert!(Self::PERIOD <= STREAM_MAX_PERIOD && Self::PERIOD * W::WB <= 4 * 68) };
+        windows!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29
+            30 31 32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57
+            58 59 60 61 62 63 64 65 66 67);
+    }
+
+    /// The activation row as the one-token stream meets it: for each 4-byte window of a weight row,
+    /// the 4 activation quants that its bytes (low nibbles, then high nibbles: `STREAM_Q` vectors
+    /// per window) multiply, broadcast over a register; zero where the weight bytes are a header.
+    /// Laid out first as bytes in `bytes` (the activation's quants moved to where the weight
+    /// block's quants lie), then broadcast a window at a time.
+    unsafe fn mirror(a: *const u8, nb: usize, buf: &mut Vec<__m256i>, bytes: &mut Vec<u8>) {
+        let qb = W::WB - Self::H;
+        let len = nb * W::WB;
+        bytes.clear();
+        bytes.resize(W::STREAM_Q * len, 0);
+        for b in 0..nb {
+            for half in 0..W::STREAM_Q {
+                let src = a.add(b * Self::AB + Self::QS + half * qb);
+                let dst = bytes.as_mut_ptr().add(half * len + b * W::WB + Self::H);
+                std::ptr::copy_nonoverlapping(src, dst, qb);
+            }
+        }
+        let nw = len / 4;
+        buf.clear();
+        buf.reserve(W::STREAM_Q * nw);
+        for w in 0..nw {
+            for half in 0..W::STREAM_Q {
+                buf.push(bcast(bytes.as_ptr().add(half * len + 4 * w)));
+            }
+        }
+    }
+}
+
 impl<W: Legacy> Fmt for L<W> {
     const BS: usize = 32;
     const WB: usize = W::WB;
@@ -348,6 +543,41 @@ impl<W: Legacy> Fmt for L<W> {
             Self::block::<D, 1>(&w, d, m, &ab, &[q.add(b)], &mut ac, &mut am);
         }
         (*acc, *accm) = (ac[0], am[0]);
+    }
+
+    const STREAM: usize = if W::STREAM_Q == 0 { 0 } else { Self::PERIOD };
+
+    unsafe fn stream_acts(a: *const u8, nb: usize, buf: &mut Vec<__m256i>, bytes: &mut Vec<u8>) {
+        Self::mirror(a, nb, buf, bytes)
+    }
+
+    #[inline(always)]
+    unsafe fn one_token_stream<D: Dp>(
+        rows: &[*const u8; LANES],
+        b0: usize,
+        n: usize,
+        acts: &[__m256i],
+        q: *const LegacyQ,
+        acc: &mut __m256,
+        accm: &mut __m256,
+    ) {
+        let mut st = Stream {
+            t: [_mm256_setzero_si256(); 4],
+            d: [_mm256_setzero_ps(); STREAM_MAX_PERIOD],
+            m: [_mm256_setzero_ps(); STREAM_MAX_PERIOD],
+            is: _mm256_setzero_si256(),
+            x: _mm256_setzero_si256(),
+            acc: *acc,
+            accm: *accm,
+        };
+        let mut b = b0;
+        while b < b0 + n {
+            let o = b * W::WB;
+            let m = acts.as_ptr().add(W::STREAM_Q * o / 4);
+            Self::period::<D>(rows, o, m, q.add(b), &mut st);
+            b += Self::PERIOD;
+        }
+        (*acc, *accm) = (st.acc, st.accm);
     }
 
     #[inline(always)]

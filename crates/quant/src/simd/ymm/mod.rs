@@ -304,6 +304,35 @@ pub(crate) trait Fmt {
         // Only called where `DIRECT` is true (a constant), and every such format overrides it.
         unreachable!("one_token_direct of a format without DIRECT")
     }
+    /// Blocks per period of [`Fmt::one_token_stream`]; 0 where the format has none.
+    const STREAM: usize = 0;
+    /// Prepares the activation row (`nb` blocks) for [`Fmt::one_token_stream`] into `buf` (`bytes`:
+    /// scratch).
+    unsafe fn stream_acts(
+        _a: *const u8,
+        _nb: usize,
+        _buf: &mut Vec<__m256i>,
+        _bytes: &mut Vec<u8>,
+    ) {
+    }
+    /// [`Fmt::one_token`] for blocks `b0..b0 + n` (`n` a multiple of [`Fmt::STREAM`]) read straight
+    /// from the 8 rows a 16-byte window at a time and transposed in registers, each 4-byte window
+    /// used as it arrives (no [`TChunk`] round trip, no realigning of blocks that do not start on
+    /// a dword): the same integers per block and the same f32 chain. `acts` is what
+    /// [`Fmt::stream_acts`] made, `q` the row's first prepared block.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn one_token_stream<D: Dp>(
+        _rows: &[*const u8; LANES],
+        _b0: usize,
+        _n: usize,
+        _acts: &[__m256i],
+        _q: *const Self::Q,
+        _acc: &mut __m256,
+        _accm: &mut __m256,
+    ) {
+        // Only called where `STREAM` is nonzero (a constant), and every such format overrides it.
+        unreachable!("one_token_stream of a format without STREAM")
+    }
     /// The output from the two chains.
     unsafe fn finish(acc: __m256, accm: __m256) -> __m256;
 }
@@ -340,10 +369,13 @@ unsafe fn group<F: Fmt, D: Dp, const T: usize>(
 }
 
 /// Per-thread scratch: the unpacked chunk, the transposed chunk, the accumulators (as 256-bit
-/// registers) and the prepared activation blocks (bytes), grown on first use and reused.
+/// registers), the prepared activation blocks (bytes) and the one-token stream's activation
+/// windows, grown on first use and reused.
 struct Scratch {
     regs: Vec<__m256i>,
     prep: Vec<u64>,
+    stream: Vec<__m256i>,
+    stream_bytes: Vec<u8>,
 }
 
 thread_local! {
@@ -351,6 +383,8 @@ thread_local! {
         UnsafeCell::new(Scratch {
             regs: Vec::new(),
             prep: Vec::new(),
+            stream: Vec::new(),
+            stream_bytes: Vec::new(),
         })
     };
 }
@@ -412,6 +446,9 @@ pub(super) unsafe fn run<F: Fmt, D: Dp>(
         }
         if nt == 1 {
             crate::simd::prefetch_first_rows(w);
+            if F::STREAM > 0 {
+                F::stream_acts(a[0], nb, &mut s.stream, &mut s.stream_bytes);
+            }
         }
         let n_chunks = nb.div_ceil(F::CHUNK);
         let end = w.data.as_ptr().add(w.data.len());
@@ -453,6 +490,22 @@ pub(super) unsafe fn run<F: Fmt, D: Dp>(
                     debug_assert_eq!(F::CHUNK, 1);
                     let ab = a[0].add(c0 * F::AB);
                     F::one_token_direct::<D>(&rows, c0 * F::WB, p, ab, &mut acc[0], &mut accm[0]);
+                    c0 += cn;
+                    continue;
+                }
+                if nt == 1 && F::STREAM > 0 {
+                    // Whole periods streamed; the rest of the chunk through the transposed chunk.
+                    let full = cn / F::STREAM * F::STREAM;
+                    if full > 0 {
+                        let (ac, am) = (&mut acc[0], &mut accm[0]);
+                        F::one_token_stream::<D>(&rows, c0, full, &s.stream, q, ac, am);
+                    }
+                    if full < cn {
+                        let (b, rest) = (c0 + full, cn - full);
+                        tc.load(&rows, end, b * F::WB, rest * F::WB);
+                        let (ab, qb) = (a[0].add(b * F::AB), q.add(b));
+                        F::one_token::<D>(tc, rest, p, ab, qb, &mut acc[0], &mut accm[0]);
+                    }
                     c0 += cn;
                     continue;
                 }
