@@ -454,9 +454,10 @@ pub(super) unsafe fn run<F: Fmt, D: Dp>(
             for l in 0..LANES {
                 let from = (l * per_lane).min(w.count);
                 let to = (from + FAR_FIRST_ROWS).min((l + 1) * per_lane).min(w.count);
-                crate::simd::prefetch_l2(
-                    &w.data[from * w.stride..(to * w.stride).min(w.data.len())],
-                );
+                if from < to {
+                    let rows = &w.data[from * w.stride..(to * w.stride).min(w.data.len())];
+                    crate::simd::prefetch_l2(rows);
+                }
             }
             if F::STREAM > 0 {
                 F::stream_acts(a[0], nb, &mut s.stream, &mut s.stream_bytes);
