@@ -300,9 +300,9 @@ pub fn vec_dot_at(isa: impl Into<Isa>, ty: GgmlType, n: usize, w: &[u8], a: &[u8
     out[0]
 }
 
-/// Weight rows a one-token call of the lanes kernels (16-row blocks on AVX-512, 8-row on AVX2)
-/// prefetches before it starts: the blocks computed before the kernel's own prefetch of the block
-/// after next gets ahead of the loads.
+/// Weight rows a one-token call of the AVX-512 lanes kernels (16-row blocks) prefetches before it
+/// starts: the blocks computed before the kernel's own prefetch of the block after next gets ahead
+/// of the loads. (The AVX2 ones prefetch the first rows of each of their lanes instead.)
 #[cfg(target_arch = "x86_64")]
 const PREFETCH_FIRST_ROWS: usize = 32;
 

@@ -447,10 +447,10 @@ pub(super) unsafe fn run<F: Fmt, D: Dp>(
                 F::prep(a[j].add(blk * F::AB), &mut *q.add(j * nb + blk));
             }
         }
+        let per_lane = w.count.div_ceil(LANES);
         if nt == 1 {
             // The first rows of each lane (see `far` below), which wait on one load after another
             // until the hardware follows the lanes' streams.
-            let per_lane = w.count.div_ceil(LANES);
             for l in 0..LANES {
                 let from = (l * per_lane).min(w.count);
                 let to = (from + FAR_FIRST_ROWS).min((l + 1) * per_lane).min(w.count);
@@ -471,7 +471,6 @@ pub(super) unsafe fn run<F: Fmt, D: Dp>(
         // the rate (Zen 1, one thread, rows of 360 bytes: 5.3-7.7 against 13.2-13.7 GB/s). Which
         // lane computes a row does not change its bits. Many tokens: 8 neighbouring rows.
         let far = nt == 1;
-        let per_lane = w.count.div_ceil(LANES);
         for g in 0..per_lane {
             let mut idx = [usize::MAX; LANES];
             for (l, i) in idx.iter_mut().enumerate() {
