@@ -311,7 +311,9 @@ const PREFETCH_FIRST_ROWS: usize = 32;
 /// its first rows wait on one load after another. With decode tasks of half a small matrix,
 /// SmolLM2 decode 139 -> 144 t/s on AVX-512, 129 -> 135 on AVX2 (medians of 5-6 alternating runs,
 /// Zen 4). Not for the one-row K-quant kernels, which read a row front to back and which the
-/// hardware prefetchers follow: with it, the 12-layer MoE shape's decode lost 3-5%.
+/// hardware prefetchers follow: with it, the 12-layer MoE shape's decode lost 3-5%. (The AVX2
+/// ones prefetch a fixed distance ahead of where they read instead: Zen 1's prefetchers fall
+/// behind.)
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn prefetch_first_rows(w: &Rows) {
     prefetch_l2(&w.data[..(PREFETCH_FIRST_ROWS * w.stride).min(w.data.len())]);
