@@ -123,14 +123,24 @@ pub(crate) trait Src {
     unsafe fn dw8(&self, off: usize) -> [__m256i; 8];
 }
 
+// Loops, not `std::array::from_fn`: its closure does not inherit the kernel's target features,
+// and was compiled as an out-of-line function calling the intrinsics of `TChunk::dw`.
 impl Src for TChunk {
     #[inline(always)]
     unsafe fn dw4(&self, off: usize) -> [__m256i; 4] {
-        std::array::from_fn(|k| self.dw(off + 4 * k))
+        let mut d = [_mm256_setzero_si256(); 4];
+        for (k, d) in d.iter_mut().enumerate() {
+            *d = self.dw(off + 4 * k);
+        }
+        d
     }
     #[inline(always)]
     unsafe fn dw8(&self, off: usize) -> [__m256i; 8] {
-        std::array::from_fn(|k| self.dw(off + 4 * k))
+        let mut d = [_mm256_setzero_si256(); 8];
+        for (k, d) in d.iter_mut().enumerate() {
+            *d = self.dw(off + 4 * k);
+        }
+        d
     }
 }
 
