@@ -229,18 +229,27 @@ const TASK_BYTES: usize = 1 << 20;
 
 /// Rows per task for a product of `w` whose groups hold `tokens` rows in all. Which task computes
 /// an output never changes its value.
-fn rows_per_task(w: &Weight, n_groups: usize, tokens: usize, threads: usize) -> usize {
-    rows_per_task_of(w.row_bytes, w.rows, n_groups, tokens, threads)
+fn rows_per_task(
+    w: &Weight,
+    n_groups: usize,
+    tokens: usize,
+    threads: usize,
+    pass_bytes: usize,
+) -> usize {
+    rows_per_task_of(w.row_bytes, w.rows, n_groups, tokens, threads, pass_bytes)
 }
 
 /// [`rows_per_task`] for `rows` rows that each read `row_bytes` bytes of weights.
 ///
-/// Decode (one token per group): a group's rows in equal tasks of about [`TASK_BYTES`], and at
-/// least one task per thread over the pass. Every task starts a new stream from memory, whose
-/// first rows wait on the loads until the prefetches get ahead, so small matrices are cut into as
-/// few tasks as keep the threads busy: SmolLM2's 576-row products in two halves instead of eight
-/// 72-row tasks took decode from 119 to 139 t/s (medians of 6 alternating `hearth bench -p 0 -n
-/// 256` runs, Zen 4, AVX-512), and the loss of balance between the threads costs less than that.
+/// Decode (one token per group): a group's rows in equal tasks of about [`TASK_BYTES`], and none
+/// larger than a thread's share of the whole pass (`pass_bytes`, every product and group of it
+/// over the threads). Every task starts a new stream from memory, whose first rows wait on the
+/// loads until the prefetches get ahead, so small matrices are cut into as few tasks as keep the
+/// threads busy: SmolLM2's 576-row products in two halves instead of eight 72-row tasks took
+/// decode from 119 to 139 t/s (medians of 6 alternating `hearth bench -p 0 -n 256` runs, Zen 4,
+/// AVX-512), and the loss of balance between the threads costs less than that. In a pass of
+/// several products (Q, K and V) a small one is not split when the others give the threads their
+/// shares: SmolLM2's K and V (69 KB each) run whole next to Q's halves.
 ///
 /// Otherwise several kernel calls' worth of rows when each weight byte serves few tokens, as long
 /// as the pass keeps at least four tasks per thread.
@@ -250,14 +259,18 @@ fn rows_per_task_of(
     n_groups: usize,
     tokens: usize,
     threads: usize,
+    pass_bytes: usize,
 ) -> usize {
     let n_groups = n_groups.max(1);
     let per_group = tokens.div_ceil(n_groups).max(1);
     if per_group == 1 {
-        let mut tasks = (rows * row_bytes).div_ceil(TASK_BYTES).max(1);
-        if n_groups * tasks < threads {
-            tasks = threads.div_ceil(n_groups);
-        }
+        let bytes = rows * row_bytes;
+        // A thread's share of the whole pass: no task of this product is larger.
+        let share = pass_bytes
+            .max(n_groups * bytes)
+            .div_ceil(threads.max(1))
+            .max(1);
+        let tasks = bytes.div_ceil(TASK_BYTES).max(bytes.div_ceil(share)).max(1);
         return rows.div_ceil(tasks).next_multiple_of(ROWS_PER_CALL).max(1);
     }
     let mut calls = (TASK_BYTES / (ROWS_PER_CALL * row_bytes * per_group)).clamp(1, 64);
@@ -305,10 +318,14 @@ pub fn matmul_fused(
     let mut task_rows = [0usize; MAX_PRODUCTS];
     let mut outs = [(SharedMut::dangling(), 0usize); MAX_PRODUCTS];
     let tokens: usize = groups.iter().map(|g| g.n).sum();
+    let pass_bytes: usize = products
+        .iter()
+        .map(|p| groups.len() * p.w.rows * p.w.row_bytes)
+        .sum();
     for (i, p) in products.iter_mut().enumerate() {
         debug_assert_eq!(acts.ty, vec_dot_type(p.w.ty));
         debug_assert_eq!(acts.cols, p.w.cols);
-        task_rows[i] = rows_per_task(p.w, groups.len(), tokens, pool.n_threads());
+        task_rows[i] = rows_per_task(p.w, groups.len(), tokens, pool.n_threads(), pass_bytes);
         first_task[i + 1] = first_task[i] + groups.len() * p.w.rows.div_ceil(task_rows[i]);
         outs[i] = (SharedMut::new(p.out), p.out.len());
     }
@@ -401,12 +418,14 @@ pub fn matmul_swiglu(
     assert!(acts.ty == vec_dot_type(gate.ty) && acts.ty == vec_dot_type(up.ty));
     let tokens: usize = groups.iter().map(|g| g.n).sum();
     // A row of the pass reads a gate row and an up row.
+    let row_bytes = gate.row_bytes + up.row_bytes;
     let mut task_rows = rows_per_task_of(
-        gate.row_bytes + up.row_bytes,
+        row_bytes,
         gate.rows,
         groups.len(),
         tokens,
         pool.n_threads(),
+        groups.len() * gate.rows * row_bytes,
     );
     // Quantized in the tasks: every piece of a row (a task's rows, cut at multiples of
     // `PREFILL_ROWS_PER_CALL` from its first) whole blocks of the activation type.
@@ -572,10 +591,27 @@ mod tests {
             (360, 40, 1, 2, 2),         // fewer rows than two calls
             (360, 5, 1, 2, 1),          // fewer rows than one call: one task
         ] {
-            let per = rows_per_task_of(rb, rows, groups, groups, threads);
+            let per = rows_per_task_of(rb, rows, groups, groups, threads, groups * rows * rb);
             assert_eq!(per % ROWS_PER_CALL, 0, "{rows} rows: {per} per task");
             assert_eq!(groups * rows.div_ceil(per), tasks, "{rows} rows of {rb} B");
         }
+    }
+
+    #[test]
+    fn decode_pass_of_several_products_splits_only_what_exceeds_a_share() {
+        // SmolLM2's Q, K and V (Q4_1, 576 columns: 360 B rows) in one pass on two threads: Q in
+        // halves, K and V whole, so each thread streams 173 KB.
+        let pass = (576 + 192 + 192) * 360;
+        let tasks = |rows: usize| rows.div_ceil(rows_per_task_of(360, rows, 1, 1, 2, pass));
+        assert_eq!((tasks(576), tasks(192)), (2, 1));
+        // On four threads each is cut to at most a quarter of the pass (86 KB).
+        let tasks4 = |rows: usize| rows.div_ceil(rows_per_task_of(360, rows, 1, 1, 4, pass));
+        assert_eq!((tasks4(576), tasks4(192)), (3, 1));
+        // Prefill ignores the pass's size.
+        assert_eq!(
+            rows_per_task_of(360, 576, 1, 64, 2, pass),
+            rows_per_task_of(360, 576, 1, 64, 2, 0)
+        );
     }
 
     /// A `rows x cols` weight of type `ty` from a smooth pattern (its bytes kept in `store`).
