@@ -1588,7 +1588,9 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
                         pf.step();
                     }
                     for d in d0..d0 + Prefetch::EVERY {
-                        // SAFETY: `d < hd`, and `S` is the caller's level.
+                        // SAFETY: `d < hd`; `kb + KS <= KEYS` (`kb` is a multiple of `KS`, which
+                        // divides `KEYS`, below `kc <= KEYS`); `kt` and `q` have the lengths
+                        // asserted above; `S` is the caller's kernel level, which the CPU has.
                         unsafe { chain_step::<N, E, S, KS>(kt, &q, kb, d, &mut acc) };
                     }
                     d0 += Prefetch::EVERY;
