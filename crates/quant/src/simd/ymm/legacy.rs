@@ -466,7 +466,7 @@ impl<W: Legacy> L<W> {
         }
         let nw = len / 4;
         // Each element written once, into the spare capacity: zero-filling the buffer first
-        // (`resize`) was a `memset` of 3-6 KB per call, ~0.5% of SmolLM2's decode on Zen 1.
+        // (`resize`) was a `memset` of 3-6 KB per call (~0.3% of SmolLM2's decode on Zen 1).
         buf.clear();
         buf.reserve(W::STREAM_Q * nw);
         let spare = &mut buf.spare_capacity_mut()[..W::STREAM_Q * nw];
