@@ -66,6 +66,9 @@ unsafe fn q6_k_row(x: &[BlockQ6K], a: &[BlockQ8K], split: &__m256i, pick: &[__m2
     let m4 = _mm256_set1_epi8(0x0f);
     let m30 = _mm256_set1_epi8(0x30);
     let mut acc = 0f32;
+    // The previous super-block's lanes and `d·dy`, reduced and chained after this one's products
+    // are issued (as in `k45_row`).
+    let mut pending = None;
     for (xb, y) in x.iter().zip(a) {
         ahead(xb);
         let sc = _mm_loadu_si128(xb.scales.as_ptr().cast());
@@ -108,18 +111,30 @@ unsafe fn q6_k_row(x: &[BlockQ6K], a: &[BlockQ8K], split: &__m256i, pick: &[__m2
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q, yq), s));
             }
         }
-        let isum = hsum_epi32(_mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5)));
-        acc = (f16c(xb.d) * y.d()).mul_add(isum as f32, acc);
+        let lanes = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
+        if let Some((lanes, d)) = pending {
+            acc = f32::mul_add(d, hsum_epi32(lanes) as f32, acc);
+        }
+        pending = Some((lanes, f16c(xb.d) * y.d()));
+    }
+    if let Some((lanes, d)) = pending {
+        acc = f32::mul_add(d, hsum_epi32(lanes) as f32, acc);
     }
     acc
 }
 
-/// The exact `(Σ sc·q·y, Σ m·bsum)` of one Q4_K / Q5_K super-block (with the fifth bits for
-/// Q5_K). Each 32-byte load of `qs` holds sub-block `2c` in its low nibbles and `2c + 1` in its
-/// high ones, which meet activation bytes `64c..64c + 32` and `64c + 32..64c + 64` as they lie;
-/// `pick[s]` spreads scale `s` (an i16 in both halves of `sc`) over every lane.
+/// The sums of one Q4_K / Q5_K super-block (with the fifth bits for Q5_K) in vector lanes: `Σ
+/// sc·q·y` over 8 i32 lanes and `Σ m·bsum` over 4, exact ([`k45_reduce`] adds them up). Each
+/// 32-byte load of `qs` holds sub-block `2c` in its low nibbles and `2c + 1` in its high ones,
+/// which meet activation bytes `64c..64c + 32` and `64c + 32..64c + 64` as they lie; `pick[s]`
+/// spreads scale `s` (an i16 in both halves of `sc`) over every lane.
 #[inline(always)]
-unsafe fn k45_sums<W: K45>(xb: &W, y: &BlockQ8K, q8s: __m128i, pick: &[__m256i; 8]) -> (i32, i32) {
+unsafe fn k45_lanes<W: K45>(
+    xb: &W,
+    y: &BlockQ8K,
+    q8s: __m128i,
+    pick: &[__m256i; 8],
+) -> (__m256i, __m128i) {
     let m4 = _mm256_set1_epi8(0x0f);
     let one = _mm256_set1_epi8(1);
     let (qs, qh) = (xb.qs(), xb.qh());
@@ -157,7 +172,12 @@ unsafe fn k45_sums<W: K45>(xb: &W, y: &BlockQ8K, q8s: __m128i, pick: &[__m256i; 
         );
         sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
     }
-    let ms = _mm_madd_epi16(mins, q8s);
+    (sumi, _mm_madd_epi16(mins, q8s))
+}
+
+/// The exact `(Σ sc·q·y, Σ m·bsum)` of a super-block from its [`k45_lanes`].
+#[inline(always)]
+unsafe fn k45_reduce((sumi, ms): (__m256i, __m128i)) -> (i32, i32) {
     let v4 = _mm_add_epi32(
         _mm256_castsi256_si128(sumi),
         _mm256_extracti128_si256::<1>(sumi),
@@ -168,7 +188,7 @@ unsafe fn k45_sums<W: K45>(xb: &W, y: &BlockQ8K, q8s: __m128i, pick: &[__m256i; 
 }
 
 /// The shuffles that spread i16 word `s` of a 128-bit half over the half (the scale picks of
-/// `k45_sums` and `q6_k_row`).
+/// `k45_lanes` and `q6_k_row`).
 #[inline(always)]
 unsafe fn word_picks() -> [__m256i; 8] {
     let mut pick = [_mm256_setzero_si256(); 8];
@@ -179,16 +199,33 @@ unsafe fn word_picks() -> [__m256i; 8] {
 }
 
 /// Q4_K / Q5_K × Q8_K for one row: the integers and both f32 chains of the 8-lane kernel.
+///
+/// Each super-block's reduction and chain step come after the next super-block's products in
+/// program order. The reduction is a chain of some 30 cycles of latency behind the super-block's
+/// last `vpmaddwd`; right after it, the loop waited on it (a Zen 1 profile put 29% of the loop's
+/// samples on the chain's FMA and the prefetches and counter after it). One super-block later
+/// its inputs are ready. The chain steps run in the same order, so the results are the same bits.
 #[inline(always)]
 unsafe fn k45_row<W: K45>(x: &[W], a: &[BlockQ8K], q8s: &[__m128i], pick: &[__m256i; 8]) -> f32 {
     let (mut acc, mut accm) = (0f32, 0f32);
+    // The previous super-block's lanes, `d·dy` and `dmin·dy`.
+    let mut pending = None;
     for ((xb, y), &q8s) in x.iter().zip(a).zip(q8s) {
         ahead(xb);
-        let (si, mi) = k45_sums(xb, y, q8s, pick);
+        let lanes = k45_lanes(xb, y, q8s, pick);
+        if let Some((lanes, d, dmin)) = pending {
+            let (si, mi) = k45_reduce(lanes);
+            acc = f32::mul_add(d, si as f32, acc);
+            accm = f32::mul_add(dmin, mi as f32, accm);
+        }
         let (dx, dminx) = xb.d_dmin();
         let dy = y.d();
-        acc = (dx * dy).mul_add(si as f32, acc);
-        accm = (dminx * dy).mul_add(mi as f32, accm);
+        pending = Some((lanes, dx * dy, dminx * dy));
+    }
+    if let Some((lanes, d, dmin)) = pending {
+        let (si, mi) = k45_reduce(lanes);
+        acc = f32::mul_add(d, si as f32, acc);
+        accm = f32::mul_add(dmin, mi as f32, accm);
     }
     acc - accm
 }
