@@ -67,7 +67,8 @@ unsafe fn q6_k_row(x: &[BlockQ6K], a: &[BlockQ8K], split: &__m256i, pick: &[__m2
     let m30 = _mm256_set1_epi8(0x30);
     let mut acc = 0f32;
     // The previous super-block's lanes and `d·dy`, reduced and chained after this one's products
-    // are issued (as in `k45_row`).
+    // are issued (as in `k45_each_row`; carrying the last one over into the next row, as that
+    // does, made Q6_K slower: 8.35-8.81 -> 8.12-8.42 GB/s from memory at 768 columns).
     let mut pending = None;
     for (xb, y) in x.iter().zip(a) {
         ahead(xb);
@@ -198,36 +199,60 @@ unsafe fn word_picks() -> [__m256i; 8] {
     pick
 }
 
-/// Q4_K / Q5_K × Q8_K for one row: the integers and both f32 chains of the 8-lane kernel.
+/// Q4_K / Q5_K × Q8_K for rows `0..count` (row `i` at `row(i)`, its result to `out(i)`): per row,
+/// the integers and both f32 chains of the 8-lane kernel.
 ///
 /// Each super-block's reduction and chain step come after the next super-block's products in
-/// program order. The reduction is a chain of some 30 cycles of latency behind the super-block's
-/// last `vpmaddwd`; right after it, the loop waited on it (a Zen 1 profile put 29% of the loop's
-/// samples on the chain's FMA and the prefetches and counter after it). One super-block later
-/// its inputs are ready. The chain steps run in the same order, so the results are the same bits.
+/// program order, the next row's first one after a row's last. The reduction is a chain of some
+/// 30 cycles of latency behind the super-block's last `vpmaddwd`; right after it, the loop waited
+/// on it (a Zen 1 profile put 29% of the loop's samples on the chain's FMA and the prefetches and
+/// counter after it). One super-block later its inputs are ready. Each row's chain steps run in
+/// the same order from zero, so the results are the same bits.
 #[inline(always)]
-unsafe fn k45_row<W: K45>(x: &[W], a: &[BlockQ8K], q8s: &[__m128i], pick: &[__m256i; 8]) -> f32 {
+unsafe fn k45_each_row<'x, W: K45 + 'x>(
+    count: usize,
+    row: impl Fn(usize) -> &'x [W],
+    a: &[BlockQ8K],
+    q8s: &[__m128i],
+    pick: &[__m256i; 8],
+    mut out: impl FnMut(usize, f32),
+) {
     let (mut acc, mut accm) = (0f32, 0f32);
-    // The previous super-block's lanes, `d·dy` and `dmin·dy`.
+    // The previous super-block's lanes, `d·dy`, `dmin·dy`, and its row if it is the row's last.
     let mut pending = None;
-    for ((xb, y), &q8s) in x.iter().zip(a).zip(q8s) {
-        ahead(xb);
-        let lanes = k45_lanes(xb, y, q8s, pick);
-        if let Some((lanes, d, dmin)) = pending {
-            let (si, mi) = k45_reduce(lanes);
-            acc = f32::mul_add(d, si as f32, acc);
-            accm = f32::mul_add(dmin, mi as f32, accm);
+    for i in 0..count {
+        let x = row(i);
+        // The super-blocks the zip below visits: the row's last of them ends its chain.
+        let nb = x.len().min(a.len()).min(q8s.len());
+        if nb == 0 {
+            out(i, 0.0);
+            continue;
         }
-        let (dx, dminx) = xb.d_dmin();
-        let dy = y.d();
-        pending = Some((lanes, dx * dy, dminx * dy));
+        for (j, ((xb, y), &q8s)) in x.iter().zip(a).zip(q8s).enumerate() {
+            ahead(xb);
+            let lanes = k45_lanes(xb, y, q8s, pick);
+            if let Some((lanes, d, dmin, ends)) = pending {
+                let (si, mi) = k45_reduce(lanes);
+                acc = f32::mul_add(d, si as f32, acc);
+                accm = f32::mul_add(dmin, mi as f32, accm);
+                if let Some(r) = ends {
+                    out(r, acc - accm);
+                    (acc, accm) = (0.0, 0.0);
+                }
+            }
+            let (dx, dminx) = xb.d_dmin();
+            let dy = y.d();
+            pending = Some((lanes, dx * dy, dminx * dy, (j + 1 == nb).then_some(i)));
+        }
     }
-    if let Some((lanes, d, dmin)) = pending {
+    if let Some((lanes, d, dmin, ends)) = pending {
         let (si, mi) = k45_reduce(lanes);
         acc = f32::mul_add(d, si as f32, acc);
         accm = f32::mul_add(dmin, mi as f32, accm);
+        if let Some(r) = ends {
+            out(r, acc - accm);
+        }
     }
-    acc - accm
 }
 
 /// Super-blocks per row whose activation sums [`k45_rows`] keeps on the stack (16384 columns).
@@ -268,10 +293,14 @@ pub(crate) unsafe fn k45_rows<W: K45>(
             _mm256_extracti128_si256::<1>(bs),
         );
     }
-    for i in 0..w.count {
-        let x: &[W] = cast_blocks(w.row(i, nb * size_of::<W>())).expect("one weight row");
-        out[i * row_stride] = k45_row(x, a, q8s, &pick);
-    }
+    k45_each_row::<W>(
+        w.count,
+        |i| cast_blocks(w.row(i, nb * size_of::<W>())).expect("one weight row"),
+        a,
+        q8s,
+        &pick,
+        |i, v| out[i * row_stride] = v,
+    );
 }
 
 /// One token through Q6_K rows (see `crate::traits::MatrixFn`; `acts` holds one row).
