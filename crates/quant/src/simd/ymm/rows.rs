@@ -199,8 +199,30 @@ unsafe fn word_picks() -> [__m256i; 8] {
     pick
 }
 
-/// Q4_K / Q5_K × Q8_K for rows `0..count` (row `i` at `row(i)`, its result to `out(i)`): per row,
-/// the integers and both f32 chains of the 8-lane kernel.
+/// A super-block of [`k45_each_row`] waiting for its chain step: its lanes, `d·dy`, `dmin·dy`,
+/// and its row if it is the row's last.
+type K45Pending = ((__m256i, __m128i), f32, f32, Option<usize>);
+
+/// The chain step of a [`K45Pending`] super-block on `acc` (`[acc, accm]`); if it ends its row,
+/// the row's result goes to `out` and the chains restart from zero.
+#[inline(always)]
+unsafe fn k45_step(
+    (lanes, d, dmin, ends): K45Pending,
+    acc: &mut [f32; 2],
+    out: &mut [f32],
+    row_stride: usize,
+) {
+    let (si, mi) = k45_reduce(lanes);
+    acc[0] = f32::mul_add(d, si as f32, acc[0]);
+    acc[1] = f32::mul_add(dmin, mi as f32, acc[1]);
+    if let Some(r) = ends {
+        out[r * row_stride] = acc[0] - acc[1];
+        *acc = [0.0; 2];
+    }
+}
+
+/// Q4_K / Q5_K × Q8_K for the rows of `w` (`nb` super-blocks each; row `i`'s result to
+/// `out[i * row_stride]`): per row, the integers and both f32 chains of the 8-lane kernel.
 ///
 /// Each super-block's reduction and chain step come after the next super-block's products in
 /// program order, the next row's first one after a row's last. The reduction is a chain of some
@@ -209,49 +231,38 @@ unsafe fn word_picks() -> [__m256i; 8] {
 /// counter after it). One super-block later its inputs are ready. Each row's chain steps run in
 /// the same order from zero, so the results are the same bits.
 #[inline(always)]
-unsafe fn k45_each_row<'x, W: K45 + 'x>(
-    count: usize,
-    row: impl Fn(usize) -> &'x [W],
+unsafe fn k45_each_row<W: K45>(
+    w: &Rows,
+    nb: usize,
     a: &[BlockQ8K],
     q8s: &[__m128i],
     pick: &[__m256i; 8],
-    mut out: impl FnMut(usize, f32),
+    out: &mut [f32],
+    row_stride: usize,
 ) {
-    let (mut acc, mut accm) = (0f32, 0f32);
-    // The previous super-block's lanes, `d·dy`, `dmin·dy`, and its row if it is the row's last.
+    // The super-blocks the zip below visits: each row's last of them ends its chain.
+    let nb = nb.min(a.len()).min(q8s.len());
+    let mut acc = [0f32; 2];
     let mut pending = None;
-    for i in 0..count {
-        let x = row(i);
-        // The super-blocks the zip below visits: the row's last of them ends its chain.
-        let nb = x.len().min(a.len()).min(q8s.len());
+    for i in 0..w.count {
         if nb == 0 {
-            out(i, 0.0);
+            out[i * row_stride] = 0.0;
             continue;
         }
+        let x: &[W] = cast_blocks(w.row(i, nb * size_of::<W>())).expect("one weight row");
         for (j, ((xb, y), &q8s)) in x.iter().zip(a).zip(q8s).enumerate() {
             ahead(xb);
             let lanes = k45_lanes(xb, y, q8s, pick);
-            if let Some((lanes, d, dmin, ends)) = pending {
-                let (si, mi) = k45_reduce(lanes);
-                acc = f32::mul_add(d, si as f32, acc);
-                accm = f32::mul_add(dmin, mi as f32, accm);
-                if let Some(r) = ends {
-                    out(r, acc - accm);
-                    (acc, accm) = (0.0, 0.0);
-                }
+            if let Some(p) = pending {
+                k45_step(p, &mut acc, out, row_stride);
             }
             let (dx, dminx) = xb.d_dmin();
             let dy = y.d();
             pending = Some((lanes, dx * dy, dminx * dy, (j + 1 == nb).then_some(i)));
         }
     }
-    if let Some((lanes, d, dmin, ends)) = pending {
-        let (si, mi) = k45_reduce(lanes);
-        acc = f32::mul_add(d, si as f32, acc);
-        accm = f32::mul_add(dmin, mi as f32, accm);
-        if let Some(r) = ends {
-            out(r, acc - accm);
-        }
+    if let Some(p) = pending {
+        k45_step(p, &mut acc, out, row_stride);
     }
 }
 
@@ -293,14 +304,7 @@ pub(crate) unsafe fn k45_rows<W: K45>(
             _mm256_extracti128_si256::<1>(bs),
         );
     }
-    k45_each_row::<W>(
-        w.count,
-        |i| cast_blocks(w.row(i, nb * size_of::<W>())).expect("one weight row"),
-        a,
-        q8s,
-        &pick,
-        |i, v| out[i * row_stride] = v,
-    );
+    k45_each_row::<W>(w, nb, a, q8s, &pick, out, row_stride);
 }
 
 /// One token through Q6_K rows (see `crate::traits::MatrixFn`; `acts` holds one row).
