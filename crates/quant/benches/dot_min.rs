@@ -4,13 +4,15 @@
 //! `cargo bench -p hearth-quant --bench dot_min [-- TYPE...]`. Shapes as benches/dot.rs: `decode`
 //! is 256 rows x 4096 columns against one activation row; `tile8` against 8 rows with
 //! `vec_dot_tile_at`, counting each weight byte once (per-token rate = 8x); `mat1` / `mat8` the
-//! same products with one `vec_dot_matrix_at` call over all rows. `HEARTH_BENCH_ROWS` and
+//! same products with one `vec_dot_matrix_at` call over all rows; for types with an interleaved
+//! layout, `int1` / `int8` the same over the rows interleaved (`vec_dot_matrix_interleaved_at`). `HEARTH_BENCH_ROWS` and
 //! `HEARTH_BENCH_COLS` change the shape: a matrix larger than the caches shows how a kernel streams
 //! from memory, which decode is bound by.
 
+use hearth_quant::interleave::{can_interleave, interleave};
 use hearth_quant::simd::{
-    available_isas, quantize_row_at, vec_dot_at, vec_dot_matrix_at, vec_dot_tile_at, Isa, Level,
-    Rows,
+    available_isas, quantize_row_at, vec_dot_at, vec_dot_matrix_at, vec_dot_matrix_interleaved_at,
+    vec_dot_tile_at, Isa, Level, Rows,
 };
 use hearth_quant::{has_vec_dot, vec_dot_type, GgmlType, ALL_TYPES};
 use std::hint::black_box;
@@ -118,16 +120,39 @@ fn main() {
             quantize_row_at(Level::Scalar, aty, &x, &mut acts[t * arow..(t + 1) * arow]).unwrap();
         }
         let mut out = vec![0.0f32; rows * TOKENS];
-        for (shape, tokens) in [
+        let mut wi = w.clone();
+        let interleaved = can_interleave(ty, rows, cols) && interleave(ty, cols, &mut wi);
+        let shapes = [
             ("decode", 1),
             ("tile8", TOKENS),
             ("mat1", 1),
             ("mat8", TOKENS),
-        ] {
+            ("int1", 1),
+            ("int8", TOKENS),
+        ];
+        for (shape, tokens) in shapes {
+            if shape.starts_with("int") && !interleaved {
+                continue;
+            }
             print!("{:<8} {:<7}", ty.name(), shape);
             for &level in &levels {
                 let budget = Duration::from_millis(if level == Isa::Scalar { 300 } else { 600 });
                 let t = best(budget, || {
+                    if shape.starts_with("int") {
+                        let wr = Rows {
+                            data: &wi,
+                            stride: wrow,
+                            count: rows,
+                        };
+                        let ar = Rows {
+                            data: &acts,
+                            stride: arow,
+                            count: tokens,
+                        };
+                        vec_dot_matrix_interleaved_at(level, ty, cols, wr, ar, &mut out, rows);
+                        black_box(&out);
+                        return;
+                    }
                     if shape.starts_with("mat") {
                         let wr = Rows {
                             data: &w,

@@ -6,9 +6,14 @@
 //! (default 1536x576, SmolLM2's FFN up) and `HEARTH_BENCH_TOKENS` (default 64) change the shape,
 //! `HEARTH_BENCH_REPS=N` runs exactly N repetitions (for callgrind). Prints G multiply-adds per
 //! second for prefill and GB/s of weights for decode (from L2 at the default shape; give a shape
-//! of 100+ MB, such as 16384x8192 for Q4_K, to read from memory).
+//! of 100+ MB, such as 16384x8192 for Q4_K, to read from memory). Types with an interleaved layout
+//! add `prefill-i` and `decode-i`: the same over their rows interleaved (`crate::interleave`).
 
-use hearth_quant::simd::{available_isas, quantize_row_at, vec_dot_matrix_at, Isa, Level, Rows};
+use hearth_quant::interleave::{can_interleave, interleave};
+use hearth_quant::simd::{
+    available_isas, quantize_row_at, vec_dot_matrix_at, vec_dot_matrix_interleaved_at, Isa, Level,
+    Rows,
+};
 use hearth_quant::{has_vec_dot, vec_dot_type, GgmlType, ALL_TYPES};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -67,9 +72,16 @@ fn product(
     a: &[u8],
     tokens: usize,
     out: &mut [f32],
+    interleaved: bool,
 ) {
     let wrow = w.len() / rows;
     let arow = a.len() / tokens;
+    let vec_dot_matrix_at: fn(Isa, GgmlType, usize, Rows, Rows, &mut [f32], usize) = if interleaved
+    {
+        vec_dot_matrix_interleaved_at
+    } else {
+        vec_dot_matrix_at
+    };
     if tokens == 1 {
         vec_dot_matrix_at(
             isa,
@@ -140,11 +152,23 @@ fn main() {
             quantize_row_at(Level::Scalar, aty, &x, &mut a[t * arow..(t + 1) * arow]).unwrap();
         }
         let mut out = vec![0f32; rows * tok];
-        for (name, t) in [("prefill", tok), ("decode", 1)] {
+        let mut wi = w.clone();
+        let int = can_interleave(ty, rows, cols) && interleave(ty, cols, &mut wi);
+        let runs = [
+            ("prefill", tok, false),
+            ("decode", 1, false),
+            ("prefill-i", tok, true),
+            ("decode-i", 1, true),
+        ];
+        for (name, t, i) in runs {
+            if i && !int {
+                continue;
+            }
+            let w = if i { &wi } else { &w };
             print!("{:<8} {:<8}", ty.name(), name);
             for &isa in &isas {
                 let d = best(Duration::from_millis(700), || {
-                    product(isa, ty, cols, &w, rows, &a[..t * arow], t, &mut out);
+                    product(isa, ty, cols, w, rows, &a[..t * arow], t, &mut out, i);
                     black_box(&out);
                 });
                 let v = if t == 1 {

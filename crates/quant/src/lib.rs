@@ -44,6 +44,7 @@ pub mod block;
 pub mod dot;
 mod error;
 pub mod float;
+pub mod interleave;
 pub mod iq4;
 pub mod iq4_quantize;
 pub mod k_quantize;
@@ -78,7 +79,7 @@ pub use legacy::{
     BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1,
 };
 pub use simd::{
-    kernel_isa, kernel_level, prefetch_l2, vec_dot_matrix, vec_dot_rows, vec_dot_tile, Isa, Level,
-    Rows,
+    kernel_isa, kernel_level, prefetch_l2, vec_dot_matrix, vec_dot_matrix_interleaved,
+    vec_dot_rows, vec_dot_tile, Isa, Level, Rows,
 };
 pub use types::{GgmlType, ALL_TYPES};

@@ -569,40 +569,151 @@ pub fn vec_dot_matrix_at(
     let isa = isa.into();
     check_isa(isa);
     let (dot, wlen, alen) = dot_shapes(ty, n);
-    w.check(wlen, "vec_dot_matrix weights");
-    acts.check(alen, "vec_dot_matrix activations");
-    if w.count == 0 || acts.count == 0 {
+    let what = [
+        "vec_dot_matrix",
+        "vec_dot_matrix weights",
+        "vec_dot_matrix activations",
+    ];
+    if !check_matrix(what, &w, wlen, &acts, alen, out.len(), out_stride) {
         return;
     }
-    assert!(
-        acts.count == 1 || out_stride >= w.count,
-        "vec_dot_matrix: out_stride < weight rows"
-    );
-    let need = (acts.count - 1)
-        .checked_mul(out_stride)
-        .and_then(|b| b.checked_add(w.count))
-        .expect("vec_dot_matrix: output extent overflows");
-    assert!(
-        out.len() >= need,
-        "vec_dot_matrix: out has {} elements, need {need}",
-        out.len()
-    );
-    let mut j0 = 0;
-    while j0 < acts.count {
-        let m = (acts.count - j0).min(PASS);
-        let rows: [&[u8]; PASS] = std::array::from_fn(|k| acts.row(j0 + k.min(m - 1), alen));
+    for_passes(&acts, alen, |j0, rows| {
         product(
             isa,
             dot,
             n,
             &w,
             wlen,
-            &rows[..m],
+            rows,
             &mut out[j0 * out_stride..],
             out_stride,
             1,
         );
+    });
+}
+
+/// Checks the shapes of a product of `w` (rows of `wlen` bytes) with `acts` (rows of `alen`)
+/// into `out_len` elements, `out_stride` apart per token (`[what, weights, activations]` name it and
+/// its operands in panics: static, the hot path does not format); false when there is nothing to
+/// compute.
+fn check_matrix(
+    [what, what_w, what_a]: [&str; 3],
+    w: &Rows,
+    wlen: usize,
+    acts: &Rows,
+    alen: usize,
+    out_len: usize,
+    out_stride: usize,
+) -> bool {
+    w.check(wlen, what_w);
+    acts.check(alen, what_a);
+    if w.count == 0 || acts.count == 0 {
+        return false;
+    }
+    assert!(
+        acts.count == 1 || out_stride >= w.count,
+        "{what}: out_stride < weight rows"
+    );
+    let need = (acts.count - 1)
+        .checked_mul(out_stride)
+        .and_then(|b| b.checked_add(w.count))
+        .unwrap_or_else(|| panic!("{what}: output extent overflows"));
+    assert!(
+        out_len >= need,
+        "{what}: out has {out_len} elements, need {need}"
+    );
+    true
+}
+
+/// Calls `f(j0, rows)` for the activation rows in passes of at most [`PASS`], `j0` the first.
+fn for_passes(acts: &Rows, alen: usize, mut f: impl FnMut(usize, &[&[u8]])) {
+    let mut j0 = 0;
+    while j0 < acts.count {
+        let m = (acts.count - j0).min(PASS);
+        let rows: [&[u8]; PASS] = std::array::from_fn(|k| acts.row(j0 + k.min(m - 1), alen));
+        f(j0, &rows[..m]);
         j0 += m;
+    }
+}
+
+/// Whether [`vec_dot_matrix_interleaved_at`] has kernels of `isa` for interleaved rows of `ty`
+/// ([`crate::interleave`]): what a loader rewrites its weights for. Elsewhere the product still
+/// works, through a copy of each group in the file's layout, but slowly.
+pub fn interleaved_kernels(isa: impl Into<Isa>, ty: GgmlType) -> bool {
+    let isa = isa.into();
+    crate::interleave::has_interleaved(ty)
+        && cfg!(target_arch = "x86_64")
+        && matches!(isa, Isa::Avx2 | Isa::AvxVnni)
+}
+
+/// [`vec_dot_matrix`] over rows rewritten by [`crate::interleave::interleave`]: the same elements,
+/// bit for bit, as [`vec_dot_matrix`] over the rows in the file's layout. `w` holds whole groups
+/// of [`crate::interleave::GROUP_ROWS`] rows, back to back.
+pub fn vec_dot_matrix_interleaved(
+    ty: GgmlType,
+    n: usize,
+    w: Rows,
+    acts: Rows,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    vec_dot_matrix_interleaved_at(kernel_isa(), ty, n, w, acts, out, out_stride)
+}
+
+/// [`vec_dot_matrix_interleaved`] at an explicit instruction set.
+///
+/// # Panics
+/// As [`vec_dot_matrix_at`], and if `ty` has no interleaved layout or `w` is not whole groups of
+/// rows back to back.
+pub fn vec_dot_matrix_interleaved_at(
+    isa: impl Into<Isa>,
+    ty: GgmlType,
+    n: usize,
+    w: Rows,
+    acts: Rows,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    use crate::interleave::{deinterleave, has_interleaved, GROUP_ROWS};
+    let isa = isa.into();
+    check_isa(isa);
+    let (_, wlen, alen) = dot_shapes(ty, n);
+    assert!(
+        has_interleaved(ty),
+        "vec_dot_matrix_interleaved: {ty} has no interleaved layout"
+    );
+    assert!(
+        w.count % GROUP_ROWS == 0 && (w.stride == wlen || w.count == 0),
+        "vec_dot_matrix_interleaved: {} rows of stride {} (whole groups of {GROUP_ROWS} rows of {wlen} bytes)",
+        w.count,
+        w.stride
+    );
+    let what = [
+        "vec_dot_matrix_interleaved",
+        "vec_dot_matrix_interleaved weights",
+        "vec_dot_matrix_interleaved activations",
+    ];
+    if !check_matrix(what, &w, wlen, &acts, alen, out.len(), out_stride) {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if interleaved_kernels(isa, ty) {
+        let f: traits::MatrixFn = ymm::interleaved::q4_k;
+        for_passes(&acts, alen, |j0, rows| {
+            // SAFETY: `check_isa` proved the CPU runs `isa` (AVX2 and more); the rows, the
+            // activations and `out` were checked above.
+            unsafe { f(n, &w, rows, &mut out[j0 * out_stride..], out_stride, 1) };
+        });
+        return;
+    }
+    // Elsewhere: each group back in the file's layout, then the plain product.
+    let group = GROUP_ROWS * wlen;
+    let mut rows = vec![0u8; group];
+    for (g, bytes) in w.data[..w.count * wlen].chunks_exact(group).enumerate() {
+        rows.copy_from_slice(bytes);
+        deinterleave(ty, n, &mut rows);
+        let wr = Rows::packed(&rows, wlen);
+        vec_dot_matrix_at(isa, ty, n, wr, acts, &mut out[g * GROUP_ROWS..], out_stride);
     }
 }
 

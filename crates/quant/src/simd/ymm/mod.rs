@@ -25,6 +25,7 @@ use super::Rows;
 use crate::simd::PASS;
 
 pub(crate) mod floats;
+pub(crate) mod interleaved;
 pub(crate) mod kquants;
 pub(crate) mod legacy;
 pub(crate) mod rows;

@@ -1,0 +1,184 @@
+//! Rows interleaved four at a time (`hearth_quant::interleave`): the rewrite gives the file's bytes
+//! back exactly, and products over interleaved rows give the same bits as over the file's rows at
+//! every instruction set, for one token and for many, including quants and activations at their
+//! extremes.
+
+mod common;
+
+use common::{f16_fields, random_row, Rng};
+use hearth_quant::interleave::{can_interleave, deinterleave, interleave, GROUP_ROWS};
+use hearth_quant::simd::{
+    available_isas, interleaved_kernels, quantize_row_at, vec_dot_matrix_at,
+    vec_dot_matrix_interleaved_at, Isa, Level, Rows,
+};
+use hearth_quant::{vec_dot_type, GgmlType, ALL_TYPES};
+
+const TY: GgmlType = GgmlType::Q4_K;
+
+/// `rows` random Q4_K rows of `n` elements (random bytes with sane f16 scales).
+fn rows_of(rng: &mut Rng, rows: usize, n: usize) -> Vec<u8> {
+    (0..rows).flat_map(|_| random_row(rng, TY, n)).collect()
+}
+
+fn acts_of(rng: &mut Rng, tokens: usize, n: usize) -> Vec<u8> {
+    let aty = vec_dot_type(TY);
+    let arow = aty.row_bytes(n as u64).unwrap() as usize;
+    let mut a = vec![0u8; arow * tokens];
+    for t in 0..tokens {
+        let x = rng.normals(n, [1.0, 0.02, 30.0][t % 3]);
+        quantize_row_at(Level::Scalar, aty, &x, &mut a[t * arow..(t + 1) * arow]).unwrap();
+    }
+    a
+}
+
+#[test]
+fn interleaving_round_trips_exactly() {
+    let mut rng = Rng(11);
+    for (rows, n) in [(4, 256), (8, 512), (12, 2048), (64, 768)] {
+        let w = rows_of(&mut rng, rows, n);
+        let mut x = w.clone();
+        assert!(can_interleave(TY, rows, n));
+        assert!(interleave(TY, n, &mut x));
+        assert_ne!(x, w, "{rows} x {n}: interleaving changed nothing");
+        assert!(deinterleave(TY, n, &mut x));
+        assert_eq!(x, w, "{rows} x {n}");
+    }
+}
+
+#[test]
+fn only_whole_groups_of_a_type_with_a_layout_are_interleaved() {
+    assert!(!can_interleave(TY, 6, 256));
+    assert!(!can_interleave(TY, 8, 300));
+    assert!(!can_interleave(TY, 8, 0));
+    for &ty in ALL_TYPES.iter() {
+        assert_eq!(can_interleave(ty, 8, 256), ty == TY, "{ty}");
+    }
+    // Not whole groups: nothing written.
+    let mut rng = Rng(3);
+    let w = rows_of(&mut rng, 6, 256);
+    let mut x = w.clone();
+    assert!(!interleave(TY, 256, &mut x));
+    assert_eq!(x, w);
+    assert!(!interleave(GgmlType::Q6_K, 256, &mut vec![0u8; 4 * 210]));
+}
+
+/// Products over interleaved rows against the same at the same instruction set over the file's
+/// rows: every element the same bits, for token counts around the kernels' groups of 4 and passes
+/// of 64, and for row counts of one group up to several.
+#[test]
+fn interleaved_products_are_bit_identical_to_the_files_rows() {
+    let mut rng = Rng(7);
+    let aty = vec_dot_type(TY);
+    for isa in available_isas() {
+        for (rows, n) in [(4, 256), (8, 2048), (16, 768), (68, 512)] {
+            let w = rows_of(&mut rng, rows, n);
+            let mut wi = w.clone();
+            assert!(interleave(TY, n, &mut wi));
+            let wrow = TY.row_bytes(n as u64).unwrap() as usize;
+            let arow = aty.row_bytes(n as u64).unwrap() as usize;
+            for tokens in [1, 2, 3, 4, 5, 9, 64, 67] {
+                let a = acts_of(&mut rng, tokens, n);
+                let mut want = vec![0f32; rows * tokens];
+                let mut got = vec![f32::NAN; rows * tokens];
+                let ar = Rows::packed(&a, arow);
+                vec_dot_matrix_at(isa, TY, n, Rows::packed(&w, wrow), ar, &mut want, rows);
+                vec_dot_matrix_interleaved_at(
+                    isa,
+                    TY,
+                    n,
+                    Rows::packed(&wi, wrow),
+                    ar,
+                    &mut got,
+                    rows,
+                );
+                for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "{isa} {rows} x {n}, {tokens} tokens: token {} row {}: {g} vs {w}",
+                        k / rows,
+                        k % rows
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Quants, scales and minimums at their extremes (every byte `fill`) and activations of ±127 and
+/// -128: the i16 sums of four products' pairs must not overflow.
+#[test]
+fn extreme_quants_stay_exact_interleaved() {
+    let aty = vec_dot_type(TY);
+    let n = 512;
+    let rows = 8;
+    let wrow = TY.row_bytes(n as u64).unwrap() as usize;
+    let arow = aty.row_bytes(n as u64).unwrap() as usize;
+    for isa in available_isas() {
+        for fill in [0xFFu8, 0x80, 0x7F, 0x88, 0x00] {
+            let mut w = vec![fill; wrow * rows];
+            for (i, block) in w.chunks_exact_mut(TY.type_size()).enumerate() {
+                for &off in f16_fields(TY) {
+                    let v = half::f16::from_f32(if i % 2 == 0 { 0.01 } else { -0.02 });
+                    block[off..off + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            let mut wi = w.clone();
+            assert!(interleave(TY, n, &mut wi));
+            let mut a = vec![];
+            for j in 0..3 {
+                let x: Vec<f32> = (0..n)
+                    .map(|k| match j {
+                        0 => 1.0,
+                        1 => -1.0,
+                        _ => 1.0 - 2.0 * (k / 32 % 2) as f32,
+                    })
+                    .collect();
+                let mut q = vec![0u8; arow];
+                quantize_row_at(Level::Scalar, aty, &x, &mut q).unwrap();
+                a.extend(q);
+            }
+            // -1.0 quantizes to -127; make the second row's first block -128 (Q8_K's range),
+            // with its sums of 16 to match (d: 4 bytes, 256 quants, 16 i16 sums).
+            let b = &mut a[arow..arow + 292];
+            b[4..260].fill(0x80);
+            for j in 0..16 {
+                b[260 + 2 * j..262 + 2 * j].copy_from_slice(&(-2048i16).to_le_bytes());
+            }
+            for tokens in [1, 3] {
+                let ar = Rows::packed(&a[..tokens * arow], arow);
+                let mut want = vec![0f32; rows * tokens];
+                let mut got = vec![f32::NAN; rows * tokens];
+                vec_dot_matrix_at(isa, TY, n, Rows::packed(&w, wrow), ar, &mut want, rows);
+                vec_dot_matrix_interleaved_at(
+                    isa,
+                    TY,
+                    n,
+                    Rows::packed(&wi, wrow),
+                    ar,
+                    &mut got,
+                    rows,
+                );
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(
+                    same,
+                    "{isa} fill {fill:#x}, {tokens} tokens: {got:?} vs {want:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn kernels_exist_where_a_loader_interleaves() {
+    assert!(!interleaved_kernels(Isa::Scalar, TY));
+    assert!(!interleaved_kernels(Isa::Avx2, GgmlType::Q6_K));
+    assert_eq!(
+        interleaved_kernels(Isa::Avx2, TY),
+        cfg!(target_arch = "x86_64")
+    );
+    assert_eq!(GROUP_ROWS, 4);
+}
