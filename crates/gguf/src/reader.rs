@@ -57,6 +57,8 @@ pub struct Gguf {
     metadata: Metadata,
     tensors: Vec<TensorInfo>,
     by_name: HashMap<String, usize>,
+    /// Per tensor: whether [`Gguf::rewrite_tensors`] changed its bytes.
+    rewritten: Vec<bool>,
 }
 
 /// Reads `file` from its start into `dst` (exactly `dst.len()` bytes) in [`READ_CHUNK`]s, on up to
@@ -308,6 +310,7 @@ impl Gguf {
             alignment,
             data_offset,
             metadata,
+            rewritten: vec![false; tensors.len()],
             tensors,
             by_name,
         })
@@ -342,6 +345,55 @@ impl Gguf {
     /// The tensor named `name`.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// Lets `f` rewrite the data of each tensor in place, once, for files read into memory
+    /// ([`Gguf::open_resident`]): a loader laying out weights for its kernels without a second
+    /// copy. `f` returns whether it changed the bytes; [`Gguf::is_rewritten`] then says so, since
+    /// [`Gguf::tensor_data`] no longer holds the file's bytes for that tensor. Returns how many
+    /// were rewritten; a mapped or owned file is left as it is (0). No two tensors' data overlap
+    /// (checked at parse), so each rewrite sees only its own bytes.
+    pub fn rewrite_tensors(
+        &mut self,
+        f: &mut dyn FnMut(&TensorInfo, &mut [u8]) -> bool,
+    ) -> Result<usize, GgufError> {
+        let Storage::Resident(_) = self.storage else {
+            return Ok(0);
+        };
+        let Storage::Resident(map) =
+            std::mem::replace(&mut self.storage, Storage::Owned(Vec::new()))
+        else {
+            unreachable!("matched above")
+        };
+        let open_err = |error| GgufError::Open {
+            path: "(weights read into memory)".into(),
+            error,
+        };
+        // The pages were made read-only after reading; writable for the rewrite, then read-only
+        // again (the same pages: `mprotect`, no copy).
+        let mut map = map.make_mut().map_err(open_err)?;
+        let mut n = 0;
+        for (t, done) in self.tensors.iter().zip(&mut self.rewritten) {
+            let range = usize::try_from(t.abs_offset(self.data_offset))
+                .ok()
+                .zip(usize::try_from(t.n_bytes).ok())
+                .and_then(|(s, len)| Some(s..s.checked_add(len)?))
+                .filter(|r| r.end <= map.len());
+            let Some(range) = range else { continue };
+            if !*done && f(t, &mut map[range]) {
+                *done = true;
+                n += 1;
+            }
+        }
+        self.storage = Storage::Resident(map.make_read_only().map_err(open_err)?);
+        Ok(n)
+    }
+
+    /// Whether [`Gguf::rewrite_tensors`] changed the data of `t` (then no longer the file's bytes).
+    pub fn is_rewritten(&self, t: &TensorInfo) -> bool {
+        self.by_name
+            .get(&t.name)
+            .is_some_and(|&i| self.rewritten[i])
     }
 
     /// The data of `t`, zero-copy. `t` should come from this file; for a foreign `TensorInfo` whose

@@ -317,3 +317,61 @@ fn open_resident_reads_a_file_of_many_chunks() {
     assert_eq!(reports.last(), Some(&(len, len)));
     assert!(reports.windows(2).all(|w| w[0].0 < w[1].0), "{reports:?}");
 }
+
+/// `Gguf::rewrite_tensors` changes a resident file's tensors in place, each once, marks the ones
+/// it changed, and leaves a mapped file alone.
+#[test]
+fn rewrite_tensors_changes_resident_data_only() {
+    let a: Vec<u8> = (0..64u32).flat_map(|v| (v as f32).to_le_bytes()).collect();
+    let b: Vec<u8> = (0..32u32)
+        .flat_map(|v| (-(v as f32)).to_le_bytes())
+        .collect();
+    let bytes = GgufBuilder::new()
+        .kv("general.architecture", Value::String("test".into()))
+        .tensor("a", GgmlType::F32, &[64], a.clone())
+        .tensor("b", GgmlType::F32, &[32], b.clone())
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("two.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+
+    let mut mapped = Gguf::open(&path).unwrap();
+    let mut calls = 0;
+    let n = mapped
+        .rewrite_tensors(&mut |_, _| {
+            calls += 1;
+            true
+        })
+        .unwrap();
+    assert_eq!((n, calls), (0, 0));
+    assert!(!mapped.is_rewritten(mapped.tensor("a").unwrap()));
+
+    let mut g = Gguf::open_resident(&path, &mut |_, _| {}).unwrap();
+    let n = g
+        .rewrite_tensors(&mut |t, data| {
+            assert_eq!(data.len() as u64, t.n_bytes);
+            if t.name != "a" {
+                return false;
+            }
+            data.reverse();
+            true
+        })
+        .unwrap();
+    assert_eq!(n, 1);
+    let (ta, tb) = (g.tensor("a").unwrap(), g.tensor("b").unwrap());
+    assert!(g.is_rewritten(ta) && !g.is_rewritten(tb));
+    let mut want = a.clone();
+    want.reverse();
+    assert_eq!(g.tensor_data(ta), &want[..]);
+    assert_eq!(g.tensor_data(tb), &b[..]);
+    // A tensor is rewritten once: a second pass is not offered it again.
+    let n = g
+        .rewrite_tensors(&mut |t, _| {
+            assert_ne!(t.name, "a");
+            false
+        })
+        .unwrap();
+    assert_eq!(n, 0);
+    assert!(g.is_resident());
+}

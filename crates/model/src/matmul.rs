@@ -5,7 +5,7 @@
 //! `vec_dot` of a weight row with an activation row. Rows are split across threads, never the
 //! reduction: an element's value does not depend on the thread count, the batch or the tiling.
 
-use hearth_quant::{quantize_row, vec_dot_matrix, vec_dot_type, GgmlType, Rows};
+use hearth_quant::{quantize_row, vec_dot_type, GgmlType, Rows};
 
 use crate::ops::{glu, Activation};
 use crate::threads::{SharedMut, ThreadPool};
@@ -343,20 +343,17 @@ pub fn matmul_fused(
         let g = &groups[local / chunks];
         let t0 = (local % chunks) * task_rows[pi];
         let t1 = (t0 + task_rows[pi]).min(w.rows);
-        let rb = w.row_bytes;
-        let base = g.mat * w.rows;
         if g.n == 1 {
             // One token (decode): one call for all the task's rows, written in place; the
             // per-call checks and dispatch cost as much as a few rows' arithmetic.
             let row = out_rows.map_or(g.start, |rows| rows[g.start] as usize);
             let at = row * out_stride + t0;
             assert!(at + (t1 - t0) <= out_len);
-            let w_rows = Rows::packed(&w.bytes()[(base + t0) * rb..(base + t1) * rb], rb);
             let a = Rows::packed(acts.rows(g.start, 1), acts.row_bytes());
             // SAFETY: in bounds (asserted); each (product, output row, weight row) is written by
             // exactly one task.
             let dst = unsafe { out_ptr.slice(at, t1 - t0) };
-            vec_dot_matrix(w.ty, w.cols, w_rows, a, dst, 1);
+            w.product(g.mat, t0, t1, a, dst, 1);
             return;
         }
         // Rows per call, and the stride of the call's output block.
@@ -366,12 +363,11 @@ pub fn matmul_fused(
                 let r1 = (r0 + rpc).min(t1);
                 // One matrix call per block of tokens, so the per-call checks and dispatch are paid
                 // once per block rather than once per weight row.
-                let w_rows = Rows::packed(&w.bytes()[(base + r0) * rb..(base + r1) * rb], rb);
                 let nr = r1 - r0;
                 for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
                     let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
                     let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
-                    vec_dot_matrix(w.ty, w.cols, w_rows, a, &mut buf[..(k - 1) * rpc + nr], rpc);
+                    w.product(g.mat, r0, r1, a, &mut buf[..(k - 1) * rpc + nr], rpc);
                     for j in 0..k {
                         let row = out_rows.map_or(j0 + j, |rows| rows[j0 + j] as usize);
                         let at = row * out_stride + r0;
@@ -465,11 +461,7 @@ pub fn matmul_swiglu(
         let g = &groups[task / chunks];
         let t0 = (task % chunks) * task_rows;
         let t1 = (t0 + task_rows).min(gate.rows);
-        let base = g.mat * gate.rows;
-        fn rows(w: &Weight, base: usize, r0: usize, r1: usize) -> Rows<'_> {
-            let rb = w.row_bytes;
-            Rows::packed(&w.bytes()[(base + r0) * rb..(base + r1) * rb], rb)
-        }
+        let mat = g.mat;
         if g.n == 1 {
             // One token: the gate rows straight into the output, the up rows beside them.
             let at = g.start * out_stride + t0;
@@ -477,18 +469,11 @@ pub fn matmul_swiglu(
             let a = Rows::packed(acts.rows(g.start, 1), acts.row_bytes());
             // SAFETY: in bounds (asserted); each (output row, weight row) is written by one task.
             let dst = unsafe { out_ptr.slice(at, t1 - t0) };
-            vec_dot_matrix(gate.ty, gate.cols, rows(gate, base, t0, t1), a, dst, 1);
+            gate.product(mat, t0, t1, a, dst, 1);
             let mut u = [0f32; 1024];
             for (c, d) in dst.chunks_mut(u.len()).enumerate() {
                 let (r0, r1) = (t0 + c * u.len(), t0 + c * u.len() + d.len());
-                vec_dot_matrix(
-                    up.ty,
-                    up.cols,
-                    rows(up, base, r0, r1),
-                    a,
-                    &mut u[..d.len()],
-                    1,
-                );
+                up.product(mat, r0, r1, a, &mut u[..d.len()], 1);
                 glu(act, d, &u[..d.len()]);
             }
             put(g.start, t0, dst);
@@ -504,22 +489,8 @@ pub fn matmul_swiglu(
                     let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
                     let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
                     let len = (k - 1) * rpc + nr;
-                    vec_dot_matrix(
-                        gate.ty,
-                        gate.cols,
-                        rows(gate, base, r0, r1),
-                        a,
-                        &mut bg[..len],
-                        rpc,
-                    );
-                    vec_dot_matrix(
-                        up.ty,
-                        up.cols,
-                        rows(up, base, r0, r1),
-                        a,
-                        &mut bu[..len],
-                        rpc,
-                    );
+                    gate.product(mat, r0, r1, a, &mut bg[..len], rpc);
+                    up.product(mat, r0, r1, a, &mut bu[..len], rpc);
                     // Element-wise, so the columns past `nr` (not stored) do not matter.
                     glu(act, &mut bg[..len], &bu[..len]);
                     for j in 0..k {
@@ -625,7 +596,7 @@ mod tests {
             hearth_quant::quantize_row(ty, &x[r * cols..(r + 1) * cols], dst).unwrap();
         }
         // SAFETY: the test keeps `store` alive and unchanged while the weight is used.
-        unsafe { Weight::new("w".into(), ty, [cols, rows, 1], rb, store) }
+        unsafe { Weight::new("w".into(), ty, [cols, rows, 1], rb, store, false) }
     }
 
     #[test]

@@ -5,7 +5,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hearth_gguf::{Gguf, TensorInfo};
-use hearth_quant::{can_dequantize, dequantize_row, GgmlType};
+use hearth_quant::interleave::{can_interleave, interleave};
+use hearth_quant::simd::interleaved_kernels;
+use hearth_quant::{can_dequantize, dequantize_row, kernel_isa, GgmlType};
 
 use crate::arch::{FfnKind, Presence};
 use crate::config::Config;
@@ -35,8 +37,12 @@ impl Model {
         Model::load(Arc::new(Gguf::open(path)?))
     }
 
-    /// Binds an opened file's tensors.
-    pub fn load(gguf: Arc<Gguf>) -> Result<Model, ModelError> {
+    /// Binds an opened file's tensors. A file read into memory ([`Gguf::open_resident`]) and held
+    /// by no one else has its matrices laid out for this CPU's kernels first ([`interleave_weights`]).
+    pub fn load(mut gguf: Arc<Gguf>) -> Result<Model, ModelError> {
+        if let Some(g) = Arc::get_mut(&mut gguf) {
+            interleave_weights(g)?;
+        }
         let mut config = Config::from_metadata(gguf.metadata())?;
         let mut b = Binder {
             gguf: &gguf,
@@ -177,6 +183,33 @@ impl Model {
     }
 }
 
+/// Rewrites, in place, the matrices whose rows have an interleaved layout with kernels at
+/// [`kernel_isa`] (Q4_K on AVX2: `hearth_quant::interleave`) into that layout, unless
+/// `HEARTH_INTERLEAVE=0`: a one-token product then shares each scale multiply among four rows
+/// (Q4_K one thread, 2048 × 768 in cache on Zen 1: 14.0 GB/s against 8.9). The bytes take the
+/// same room, so there is no second copy; the products give the same bits. Only a file read
+/// into memory can be rewritten; a mapped one is left as it is. The token embeddings, read a
+/// row at a time, are never rewritten. Returns how many tensors were.
+pub(crate) fn interleave_weights(gguf: &mut Gguf) -> Result<usize, ModelError> {
+    if std::env::var_os("HEARTH_INTERLEAVE").is_some_and(|v| v == "0") {
+        return Ok(0);
+    }
+    let isa = kernel_isa();
+    let embd = TensorRole::TokenEmbd.name(0);
+    Ok(gguf.rewrite_tensors(&mut |t, bytes| {
+        let (Some(&cols), Some(&rows)) = (t.dims.first(), t.dims.get(1)) else {
+            return false;
+        };
+        let (Ok(cols), Ok(rows)) = (usize::try_from(cols), usize::try_from(rows)) else {
+            return false;
+        };
+        t.name != embd
+            && interleaved_kernels(isa, t.ty)
+            && can_interleave(t.ty, rows, cols)
+            && interleave(t.ty, cols, bytes)
+    })?)
+}
+
 /// Collects tensors by role, recording every problem instead of stopping at the first.
 struct Binder<'a> {
     gguf: &'a Gguf,
@@ -256,7 +289,8 @@ impl Binder<'_> {
             return None;
         }
         let data = self.gguf.tensor_data(&t);
+        let interleaved = self.gguf.is_rewritten(&t);
         // SAFETY: `data` lives in the mmap owned by the `Arc<Gguf>` that the `Model` keeps.
-        Some(unsafe { Weight::new(t.name.clone(), t.ty, dims, t.row_bytes(), data) })
+        Some(unsafe { Weight::new(t.name.clone(), t.ty, dims, t.row_bytes(), data, interleaved) })
     }
 }

@@ -1,7 +1,7 @@
 //! Weights bound onto the mmap: one [`Weight`] per matrix (or stack of expert matrices), one
 //! [`Layer`] per block with its optional parts as `Option`s and its FFN as an enum.
 
-use hearth_quant::GgmlType;
+use hearth_quant::{vec_dot_matrix, vec_dot_matrix_interleaved, GgmlType, Rows};
 
 /// A matrix (or a stack of `n_mat` matrices) of quantized rows, viewed zero-copy in the mmap.
 ///
@@ -20,6 +20,9 @@ pub struct Weight {
     pub n_mat: usize,
     /// Bytes of one row.
     pub row_bytes: usize,
+    /// The rows are laid out four at a time for the interleaved kernels
+    /// (`hearth_quant::interleave`), rewritten at load; products give the same bits either way.
+    interleaved: bool,
     ptr: *const u8,
     len: usize,
 }
@@ -38,6 +41,7 @@ impl Weight {
         dims: [usize; 3],
         row_bytes: usize,
         data: &[u8],
+        interleaved: bool,
     ) -> Weight {
         debug_assert_eq!(data.len(), row_bytes * dims[1] * dims[2]);
         Weight {
@@ -47,6 +51,7 @@ impl Weight {
             rows: dims[1],
             n_mat: dims[2],
             row_bytes,
+            interleaved,
             ptr: data.as_ptr(),
             len: data.len(),
         }
@@ -58,11 +63,52 @@ impl Weight {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
-    /// Row `r` of matrix `mat`.
+    /// Row `r` of matrix `mat`, in the file's layout.
+    ///
+    /// # Panics
+    /// If the rows were interleaved at load (`Weight::interleaved`): they are read through
+    /// [`Weight::product`] only.
     #[inline]
     pub fn row(&self, mat: usize, r: usize) -> &[u8] {
+        assert!(!self.interleaved, "{}: rows interleaved at load", self.name);
         let start = (mat * self.rows + r) * self.row_bytes;
         &self.bytes()[start..start + self.row_bytes]
+    }
+
+    /// Whether the rows were laid out four at a time at load (`hearth_quant::interleave`).
+    pub fn interleaved(&self) -> bool {
+        self.interleaved
+    }
+
+    /// Rows `r0..r1` of matrix `mat` against every row of `acts`: element (row `r0 + i`, token
+    /// `j`) to `out[j * out_stride + i]`, as [`vec_dot_matrix`], whatever the rows' layout.
+    ///
+    /// # Panics
+    /// As [`vec_dot_matrix`], and for interleaved rows if `r0` or `r1` is not a multiple of
+    /// four (a group would be cut).
+    #[inline]
+    pub fn product(
+        &self,
+        mat: usize,
+        r0: usize,
+        r1: usize,
+        acts: Rows,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        let rb = self.row_bytes;
+        let base = mat * self.rows;
+        let rows = Rows::packed(&self.bytes()[(base + r0) * rb..(base + r1) * rb], rb);
+        if self.interleaved {
+            assert!(
+                r0.is_multiple_of(4) && r1.is_multiple_of(4),
+                "{}: rows {r0}..{r1} cut a group of 4",
+                self.name
+            );
+            vec_dot_matrix_interleaved(self.ty, self.cols, rows, acts, out, out_stride);
+        } else {
+            vec_dot_matrix(self.ty, self.cols, rows, acts, out, out_stride);
+        }
     }
 }
 

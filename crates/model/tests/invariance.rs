@@ -174,6 +174,43 @@ fn assert_model_invariant(name: &str, model: &Model) {
     }
 }
 
+/// Read into memory, the Q4_K matrices are laid out four rows at a time at load where this CPU's
+/// kernels have that layout (`hearth_quant::interleave`): the logits are the same bits as from
+/// the mapped file's rows, and stay batch invariant.
+#[test]
+fn interleaved_weights_give_the_files_logits() {
+    use hearth_quant::simd::interleaved_kernels;
+    use hearth_quant::{kernel_isa, GgmlType};
+    for name in ["tiny-qwen3moe.q4_k_m.gguf", "tiny-llama3.q4_k_m.gguf"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/fixtures")
+            .join(name);
+        let g = hearth_gguf::Gguf::open_resident(&path, &mut |_, _| {}).unwrap();
+        let model = Model::load(std::sync::Arc::new(g)).unwrap();
+        let g = model.gguf();
+        let n = g.tensors().iter().filter(|t| g.is_rewritten(t)).count();
+        if !interleaved_kernels(kernel_isa(), GgmlType::Q4_K) {
+            assert_eq!(n, 0, "{name}: interleaved without kernels for it");
+            println!("note: {name}: no interleaved kernels at {}", kernel_isa());
+            continue;
+        }
+        assert!(n > 0, "{name}: no matrix interleaved");
+        assert!(
+            !model.tok_embd.interleaved(),
+            "{name}: token embeddings interleaved"
+        );
+        let mapped = fixture(name);
+        for (threads, chunk, together) in [(1, 64, false), (2, 5, true), (2, 1, false)] {
+            assert!(
+                run(&model, threads, chunk, together, KvType::F16)
+                    == run(&mapped, threads, chunk, together, KvType::F16),
+                "{name}: interleaved logits differ, {threads} threads, chunks of {chunk}"
+            );
+        }
+        assert_model_invariant(name, &model);
+    }
+}
+
 #[test]
 fn qwen3moe_is_batch_invariant() {
     assert_invariant("tiny-qwen3moe.q4_k_m.gguf");

@@ -212,6 +212,10 @@ pub fn run(args: Args) -> Result<()> {
         weights: m.weights.clone(),
         weights_resident: model.gguf().is_resident(),
         weights_huge_page_bytes: huge_page_bytes(model.gguf().bytes()),
+        weights_interleaved: {
+            let g = model.gguf();
+            g.tensors().iter().filter(|t| g.is_rewritten(t)).count()
+        },
         results,
     };
     if args.json {
@@ -282,6 +286,8 @@ struct Report {
     weights_resident: bool,
     /// Of the weights' mapping, the bytes on transparent huge pages (`None`: unknown here).
     weights_huge_page_bytes: Option<u64>,
+    /// Matrices laid out four rows at a time at load (`hearth_quant::interleave`).
+    weights_interleaved: usize,
     results: Vec<Test>,
 }
 
@@ -349,6 +355,7 @@ impl Report {
                 "peak_rss_includes_probe": self.peak_rss_includes_probe,
                 "weights_resident": self.weights_resident,
                 "weights_huge_page_bytes": self.weights_huge_page_bytes,
+                "weights_interleaved": self.weights_interleaved,
             })
         });
         serde_json::Value::Array(tests.collect())
@@ -408,7 +415,11 @@ impl Report {
                 self.file_size as f64 / 1e6
             )
         });
-        println!("weights: {}{huge}", self.weights);
+        let interleaved = match self.weights_interleaved {
+            0 => String::new(),
+            n => format!("; {n} matrices laid out 4 rows at a time"),
+        };
+        println!("weights: {}{huge}{interleaved}", self.weights);
     }
 }
 

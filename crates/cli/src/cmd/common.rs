@@ -456,6 +456,14 @@ impl ModelArgs {
                     Model::load(gguf).with_context(|| format!("cannot load {}", path.display()))?;
                 Ok((model, tokenizer))
             })?;
+        let g = model.gguf();
+        let interleaved = g.tensors().iter().filter(|t| g.is_rewritten(t)).count();
+        if interleaved > 0 {
+            tracing::info!(
+                "weights: {interleaved} matrices laid out 4 rows at a time for the {} kernels",
+                hearth_quant::kernel_isa()
+            );
+        }
         let kv_type: KvType = self.kv_type.into();
         kv_type
             .check_heads(model.config.head_dim, model.config.head_dim_v)
