@@ -138,9 +138,15 @@ fn main() {
             for &level in &levels {
                 let budget = Duration::from_millis(if level == Isa::Scalar { 300 } else { 600 });
                 let t = best(budget, || {
-                    if shape.starts_with("int") {
+                    if shape.starts_with("mat") || shape.starts_with("int") {
+                        type Product = fn(Isa, GgmlType, usize, Rows, Rows, &mut [f32], usize);
+                        let (data, product): (&[u8], Product) = if shape.starts_with("int") {
+                            (&wi, vec_dot_matrix_interleaved_at)
+                        } else {
+                            (&w, vec_dot_matrix_at)
+                        };
                         let wr = Rows {
-                            data: &wi,
+                            data,
                             stride: wrow,
                             count: rows,
                         };
@@ -149,22 +155,7 @@ fn main() {
                             stride: arow,
                             count: tokens,
                         };
-                        vec_dot_matrix_interleaved_at(level, ty, cols, wr, ar, &mut out, rows);
-                        black_box(&out);
-                        return;
-                    }
-                    if shape.starts_with("mat") {
-                        let wr = Rows {
-                            data: &w,
-                            stride: wrow,
-                            count: rows,
-                        };
-                        let ar = Rows {
-                            data: &acts,
-                            stride: arow,
-                            count: tokens,
-                        };
-                        vec_dot_matrix_at(level, ty, cols, wr, ar, &mut out, rows);
+                        product(level, ty, cols, wr, ar, &mut out, rows);
                         black_box(&out);
                         return;
                     }
