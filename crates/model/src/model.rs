@@ -38,7 +38,8 @@ impl Model {
     }
 
     /// Binds an opened file's tensors. A file read into memory ([`Gguf::open_resident`]) and held
-    /// by no one else has its matrices laid out for this CPU's kernels first ([`interleave_weights`]).
+    /// by no one else has its Q4_K matrices laid out for this CPU's kernels first
+    /// (`hearth_quant::interleave`).
     pub fn load(mut gguf: Arc<Gguf>) -> Result<Model, ModelError> {
         if let Some(g) = Arc::get_mut(&mut gguf) {
             interleave_weights(g)?;
