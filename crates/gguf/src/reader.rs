@@ -389,6 +389,11 @@ impl Gguf {
         Ok(n)
     }
 
+    /// How many tensors [`Gguf::rewrite_tensors`] changed.
+    pub fn n_rewritten(&self) -> usize {
+        self.rewritten.iter().filter(|&&r| r).count()
+    }
+
     /// Whether [`Gguf::rewrite_tensors`] changed the data of `t` (then no longer the file's bytes).
     pub fn is_rewritten(&self, t: &TensorInfo) -> bool {
         self.by_name

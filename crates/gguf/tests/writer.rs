@@ -361,6 +361,7 @@ fn rewrite_tensors_changes_resident_data_only() {
     assert_eq!(n, 1);
     let (ta, tb) = (g.tensor("a").unwrap(), g.tensor("b").unwrap());
     assert!(g.is_rewritten(ta) && !g.is_rewritten(tb));
+    assert_eq!(g.n_rewritten(), 1);
     let mut want = a.clone();
     want.reverse();
     assert_eq!(g.tensor_data(ta), &want[..]);

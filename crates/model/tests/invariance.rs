@@ -187,8 +187,7 @@ fn interleaved_weights_give_the_files_logits() {
             .join(name);
         let g = hearth_gguf::Gguf::open_resident(&path, &mut |_, _| {}).unwrap();
         let model = Model::load(std::sync::Arc::new(g)).unwrap();
-        let g = model.gguf();
-        let n = g.tensors().iter().filter(|t| g.is_rewritten(t)).count();
+        let n = model.gguf().n_rewritten();
         if !interleaved_kernels(kernel_isa(), GgmlType::Q4_K) {
             assert_eq!(n, 0, "{name}: interleaved without kernels for it");
             println!("note: {name}: no interleaved kernels at {}", kernel_isa());

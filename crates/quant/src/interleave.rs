@@ -83,8 +83,15 @@ fn rewrite(ty: GgmlType, cols: usize, data: &mut [u8], f: fn(&[u8], usize, &mut 
     true
 }
 
+/// The file's rows of one interleaved group `src` (rows of `cols` elements of `ty`, a type with
+/// an interleaved layout) into `dst`.
+pub(crate) fn ungroup(ty: GgmlType, cols: usize, src: &[u8], dst: &mut [u8]) {
+    debug_assert!(has_interleaved(ty));
+    q4_k_ungroup(src, cols / ty.block_size(), dst);
+}
+
 /// One group of the interleaved layout in `dst`, from four Q4_K rows of `nb` super-blocks in `src`.
-pub(crate) fn q4_k_group(src: &[u8], nb: usize, dst: &mut [u8]) {
+fn q4_k_group(src: &[u8], nb: usize, dst: &mut [u8]) {
     let rb = nb * Q4_K_BLOCK;
     for b in 0..nb {
         let o = &mut dst[b * Q4_K_GROUP_BLOCK..(b + 1) * Q4_K_GROUP_BLOCK];
@@ -134,7 +141,7 @@ fn q4(x: &[u8], e: usize) -> u8 {
 }
 
 /// Four Q4_K rows in `dst` from one interleaved group in `src` (the inverse of [`q4_k_group`]).
-pub(crate) fn q4_k_ungroup(src: &[u8], nb: usize, dst: &mut [u8]) {
+fn q4_k_ungroup(src: &[u8], nb: usize, dst: &mut [u8]) {
     let rb = nb * Q4_K_BLOCK;
     for b in 0..nb {
         let o = &src[b * Q4_K_GROUP_BLOCK..(b + 1) * Q4_K_GROUP_BLOCK];

@@ -31,6 +31,27 @@ fn acts_of(rng: &mut Rng, tokens: usize, n: usize) -> Vec<u8> {
     a
 }
 
+/// `(interleaved, file's layout)`: every row of `wi` (interleaved) and of `w` (the same rows in
+/// the file's layout) against `tokens` activation rows of `a`, at `isa`.
+fn both_layouts(
+    isa: Isa,
+    n: usize,
+    rows: usize,
+    w: &[u8],
+    wi: &[u8],
+    a: &[u8],
+    tokens: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let wrow = TY.row_bytes(n as u64).unwrap() as usize;
+    let arow = vec_dot_type(TY).row_bytes(n as u64).unwrap() as usize;
+    let ar = Rows::packed(&a[..tokens * arow], arow);
+    let mut want = vec![0f32; rows * tokens];
+    let mut got = vec![f32::NAN; rows * tokens];
+    vec_dot_matrix_at(isa, TY, n, Rows::packed(w, wrow), ar, &mut want, rows);
+    vec_dot_matrix_interleaved_at(isa, TY, n, Rows::packed(wi, wrow), ar, &mut got, rows);
+    (got, want)
+}
+
 #[test]
 fn interleaving_round_trips_exactly() {
     let mut rng = Rng(11);
@@ -68,29 +89,14 @@ fn only_whole_groups_of_a_type_with_a_layout_are_interleaved() {
 #[test]
 fn interleaved_products_are_bit_identical_to_the_files_rows() {
     let mut rng = Rng(7);
-    let aty = vec_dot_type(TY);
     for isa in available_isas() {
         for (rows, n) in [(4, 256), (8, 2048), (16, 768), (68, 512)] {
             let w = rows_of(&mut rng, rows, n);
             let mut wi = w.clone();
             assert!(interleave(TY, n, &mut wi));
-            let wrow = TY.row_bytes(n as u64).unwrap() as usize;
-            let arow = aty.row_bytes(n as u64).unwrap() as usize;
             for tokens in [1, 2, 3, 4, 5, 9, 64, 67] {
                 let a = acts_of(&mut rng, tokens, n);
-                let mut want = vec![0f32; rows * tokens];
-                let mut got = vec![f32::NAN; rows * tokens];
-                let ar = Rows::packed(&a, arow);
-                vec_dot_matrix_at(isa, TY, n, Rows::packed(&w, wrow), ar, &mut want, rows);
-                vec_dot_matrix_interleaved_at(
-                    isa,
-                    TY,
-                    n,
-                    Rows::packed(&wi, wrow),
-                    ar,
-                    &mut got,
-                    rows,
-                );
+                let (got, want) = both_layouts(isa, n, rows, &w, &wi, &a, tokens);
                 for (k, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(
                         g.to_bits(),
@@ -146,19 +152,7 @@ fn extreme_quants_stay_exact_interleaved() {
                 b[260 + 2 * j..262 + 2 * j].copy_from_slice(&(-2048i16).to_le_bytes());
             }
             for tokens in [1, 3] {
-                let ar = Rows::packed(&a[..tokens * arow], arow);
-                let mut want = vec![0f32; rows * tokens];
-                let mut got = vec![f32::NAN; rows * tokens];
-                vec_dot_matrix_at(isa, TY, n, Rows::packed(&w, wrow), ar, &mut want, rows);
-                vec_dot_matrix_interleaved_at(
-                    isa,
-                    TY,
-                    n,
-                    Rows::packed(&wi, wrow),
-                    ar,
-                    &mut got,
-                    rows,
-                );
+                let (got, want) = both_layouts(isa, n, rows, &w, &wi, &a, tokens);
                 let same = got
                     .iter()
                     .zip(&want)

@@ -212,10 +212,7 @@ pub fn run(args: Args) -> Result<()> {
         weights: m.weights.clone(),
         weights_resident: model.gguf().is_resident(),
         weights_huge_page_bytes: huge_page_bytes(model.gguf().bytes()),
-        weights_interleaved: {
-            let g = model.gguf();
-            g.tensors().iter().filter(|t| g.is_rewritten(t)).count()
-        },
+        weights_interleaved: model.gguf().n_rewritten(),
         results,
     };
     if args.json {

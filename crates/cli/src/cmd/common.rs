@@ -456,8 +456,7 @@ impl ModelArgs {
                     Model::load(gguf).with_context(|| format!("cannot load {}", path.display()))?;
                 Ok((model, tokenizer))
             })?;
-        let g = model.gguf();
-        let interleaved = g.tensors().iter().filter(|t| g.is_rewritten(t)).count();
+        let interleaved = model.gguf().n_rewritten();
         if interleaved > 0 {
             tracing::info!(
                 "weights: {interleaved} matrices laid out 4 rows at a time for the {} kernels",

@@ -674,7 +674,7 @@ pub fn vec_dot_matrix_interleaved_at(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    use crate::interleave::{deinterleave, has_interleaved, GROUP_ROWS};
+    use crate::interleave::{has_interleaved, GROUP_ROWS};
     let isa = isa.into();
     check_isa(isa);
     let (_, wlen, alen) = dot_shapes(ty, n);
@@ -707,11 +707,12 @@ pub fn vec_dot_matrix_interleaved_at(
         return;
     }
     // Elsewhere: each group back in the file's layout, then the plain product.
-    let group = GROUP_ROWS * wlen;
-    let mut rows = vec![0u8; group];
-    for (g, bytes) in w.data[..w.count * wlen].chunks_exact(group).enumerate() {
-        rows.copy_from_slice(bytes);
-        deinterleave(ty, n, &mut rows);
+    let mut rows = vec![0u8; GROUP_ROWS * wlen];
+    for (g, group) in w.data[..w.count * wlen]
+        .chunks_exact(rows.len())
+        .enumerate()
+    {
+        crate::interleave::ungroup(ty, n, group, &mut rows);
         let wr = Rows::packed(&rows, wlen);
         vec_dot_matrix_at(isa, ty, n, wr, acts, &mut out[g * GROUP_ROWS..], out_stride);
     }
