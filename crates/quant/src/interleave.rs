@@ -8,15 +8,18 @@
 //! the four `vpmaddubsw` of a sub-block add up in i16 (at most 16 products of a 4-bit quant and an
 //! 8-bit activation per word: |16 · 15 · 128| < 2^15), and one `vpmaddwd` multiplies them by the
 //! four rows' scales: 5 multiplies per 128 products instead of 8, and one stream from memory instead
-//! of four.
+//! of four. Q6_K's sub-blocks are 16 elements: two `vpmaddubsw` add up in i16 (8 products of a
+//! 6-bit quant per word: |8 · 63 · 128| < 2^15) before one `vpmaddwd`, 3 multiplies per 64
+//! products instead of 4.
 //!
 //! The interleaved bytes take exactly the room of the rows they replace (a group of four rows of
-//! `nb` super-blocks is `4 · nb · 144` bytes either way), so a model rewrites its weights in place
-//! after reading them into memory: no second copy. Products see the same integers and the same
-//! f32 chain per output as on the file's layout (`acc = fma(d·dy, isum, acc)` per super-block), so
-//! their results are the same bits; [`deinterleave`] gives the file's bytes back exactly.
+//! `nb` super-blocks is `4 · nb · 144` bytes either way, `4 · nb · 210` for Q6_K), so a model
+//! rewrites its weights in place after reading them into memory: no second copy. Products see the
+//! same integers and the same f32 chain per output as on the file's layout (`acc = fma(d·dy, isum,
+//! acc)` per super-block), so their results are the same bits; [`deinterleave`] gives the file's
+//! bytes back exactly.
 //!
-//! Group super-block `b` of rows `4g..4g + 4` (576 bytes):
+//! Q4_K group super-block `b` of rows `4g..4g + 4` (576 bytes):
 //!
 //! | bytes | holds |
 //! |---|---|
@@ -29,6 +32,14 @@
 //! Value `8r + j` is row `r`'s scale `j`, value `32 + 8r + j` its minimum `j`. The order puts rows
 //! 0 and 1 in the low 128-bit half of a register and rows 2 and 3 in the high one, where an
 //! in-lane byte shuffle spreads a sub-block's four scales over its four rows' products.
+//!
+//! Q6_K group super-block (840 bytes), with the same placement of rows in a register:
+//!
+//! | bytes | holds |
+//! |---|---|
+//! | 0..8 | `d` of rows 0..3 (f16) |
+//! | 8..72 | scales (i8): byte `16G + 4r + i` is row `r`'s scale of sub-block `4G + i` |
+//! | 72..840 | quants (six-bit, unsigned as stored): elements `32c..32c + 32` at `72 + 96c`, in three 32-byte parts, 8 bytes per row `r` at `8r`; byte `k` of part 0 holds the low 4 bits of element `32c + k` (low nibble) and `32c + 8 + k` (high), of part 1 those of `32c + 16 + k` and `32c + 24 + k`, and of part 2 the top 2 bits of `32c + k`, `32c + 8 + k`, `32c + 16 + k`, `32c + 24 + k` at bits 0, 2, 4, 6 |
 
 use crate::k_quants::scale_min_k4;
 use crate::GgmlType;
@@ -42,9 +53,18 @@ const Q4_K_BLOCK: usize = 144;
 /// Bytes of one group super-block: four rows' Q4_K super-blocks.
 pub(crate) const Q4_K_GROUP_BLOCK: usize = GROUP_ROWS * Q4_K_BLOCK;
 
-/// Whether rows of `ty` have an interleaved layout (Q4_K).
+/// Bytes of a Q6_K super-block (one row).
+const Q6_K_BLOCK: usize = 210;
+
+/// Bytes of one group super-block: four rows' Q6_K super-blocks.
+pub(crate) const Q6_K_GROUP_BLOCK: usize = GROUP_ROWS * Q6_K_BLOCK;
+
+/// Offset of the quants in a Q6_K group super-block (after four `d` and 64 scales).
+pub(crate) const Q6_K_GROUP_QUANTS: usize = 72;
+
+/// Whether rows of `ty` have an interleaved layout (Q4_K, Q6_K).
 pub fn has_interleaved(ty: GgmlType) -> bool {
-    ty == GgmlType::Q4_K
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
 }
 
 /// Whether a matrix of `rows` rows of `cols` elements of `ty` can be interleaved: a type with an
@@ -53,21 +73,32 @@ pub fn can_interleave(ty: GgmlType, rows: usize, cols: usize) -> bool {
     has_interleaved(ty) && rows % GROUP_ROWS == 0 && cols % ty.block_size() == 0 && cols > 0
 }
 
+/// The one-group rewrites of `ty`: (file → interleaved, interleaved → file).
+type GroupFn = fn(&[u8], usize, &mut [u8]);
+
+fn group_fns(ty: GgmlType) -> Option<(GroupFn, GroupFn)> {
+    match ty {
+        GgmlType::Q4_K => Some((q4_k_group, q4_k_ungroup)),
+        GgmlType::Q6_K => Some((q6_k_group, q6_k_ungroup)),
+        _ => None,
+    }
+}
+
 /// Rewrites `data`, rows of `cols` elements of `ty` back to back (the file's layout), into the
 /// interleaved layout in place. `data` must hold whole groups of rows
 /// ([`can_interleave`]); otherwise nothing is written and `false` is returned.
 pub fn interleave(ty: GgmlType, cols: usize, data: &mut [u8]) -> bool {
-    rewrite(ty, cols, data, q4_k_group)
+    group_fns(ty).is_some_and(|(f, _)| rewrite(ty, cols, data, f))
 }
 
 /// The inverse of [`interleave`]: the file's bytes back, exactly.
 pub fn deinterleave(ty: GgmlType, cols: usize, data: &mut [u8]) -> bool {
-    rewrite(ty, cols, data, q4_k_ungroup)
+    group_fns(ty).is_some_and(|(_, f)| rewrite(ty, cols, data, f))
 }
 
 /// Applies `f` (four rows of `nb` super-blocks → one group, or back) to each group of `data`.
-fn rewrite(ty: GgmlType, cols: usize, data: &mut [u8], f: fn(&[u8], usize, &mut [u8])) -> bool {
-    if !has_interleaved(ty) || cols == 0 || cols % ty.block_size() != 0 {
+fn rewrite(ty: GgmlType, cols: usize, data: &mut [u8], f: GroupFn) -> bool {
+    if cols == 0 || cols % ty.block_size() != 0 {
         return false;
     }
     let nb = cols / ty.block_size();
@@ -86,8 +117,8 @@ fn rewrite(ty: GgmlType, cols: usize, data: &mut [u8], f: fn(&[u8], usize, &mut 
 /// The file's rows of one interleaved group `src` (rows of `cols` elements of `ty`, a type with
 /// an interleaved layout) into `dst`.
 pub(crate) fn ungroup(ty: GgmlType, cols: usize, src: &[u8], dst: &mut [u8]) {
-    debug_assert!(has_interleaved(ty));
-    q4_k_ungroup(src, cols / ty.block_size(), dst);
+    let (_, f) = group_fns(ty).expect("a type with an interleaved layout");
+    f(src, cols / ty.block_size(), dst);
 }
 
 /// One group of the interleaved layout in `dst`, from four Q4_K rows of `nb` super-blocks in `src`.
@@ -140,43 +171,135 @@ fn q4(x: &[u8], e: usize) -> u8 {
     }
 }
 
-/// Four Q4_K rows in `dst` from one interleaved group in `src` (the inverse of [`q4_k_group`]).
+/// The 8 bytes at `at` as a little-endian word.
+#[inline(always)]
+fn word(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+#[inline(always)]
+fn put_word(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Low nibbles of every byte.
+const NIB: u64 = 0x0F0F_0F0F_0F0F_0F0F;
+
+/// Four Q4_K rows in `dst` from one interleaved group in `src` (the inverse of [`q4_k_group`]),
+/// 8 bytes at a time: products over many tokens take the file's layout back on the fly, so this
+/// runs at memory speed.
 fn q4_k_ungroup(src: &[u8], nb: usize, dst: &mut [u8]) {
+    const TWO: u64 = 0x0303_0303_0303_0303;
     let rb = nb * Q4_K_BLOCK;
     for b in 0..nb {
         let o = &src[b * Q4_K_GROUP_BLOCK..(b + 1) * Q4_K_GROUP_BLOCK];
-        let val = |v: usize| (o[16 + v % 32] >> (4 * (v / 32)) & 15) | group_high_bits(o, v) << 4;
         for r in 0..GROUP_ROWS {
             let x = &mut dst[r * rb + b * Q4_K_BLOCK..][..Q4_K_BLOCK];
             x[0..2].copy_from_slice(&o[2 * r..2 * r + 2]);
             x[2..4].copy_from_slice(&o[8 + 2 * r..8 + 2 * r + 2]);
-            let sc: [u8; 8] = std::array::from_fn(|j| val(8 * r + j));
-            let mn: [u8; 8] = std::array::from_fn(|j| val(32 + 8 * r + j));
+            // Scales j (values 8r + j) and minimums (32 + 8r + j): low bits in the two nibbles of
+            // bytes 16 + 8r.., top bits at bits 2(v / 16) of bytes 48 + v % 16.
+            let lo = word(o, 16 + 8 * r);
+            let hi = word(o, 48 + 8 * (r % 2));
+            let sc = (lo & NIB) | (hi >> (2 * (r / 2)) & TWO) << 4;
+            let mn = (lo >> 4 & NIB) | (hi >> (2 * (2 + r / 2)) & TWO) << 4;
             // The packing `scale_min_k4` reads: scales and minimums 0..3 in the low 6 bits of
             // bytes 0..3 and 4..7, 4..7 split into a nibble of bytes 8..11 and the top 2 bits
             // of bytes 0..7.
-            for j in 0..4 {
-                x[4 + j] = sc[j] | (sc[j + 4] >> 4) << 6;
-                x[8 + j] = mn[j] | (mn[j + 4] >> 4) << 6;
-                x[12 + j] = (sc[j + 4] & 15) | (mn[j + 4] & 15) << 4;
-            }
-            for e in 0..256 {
-                let (s, k) = (e / 32, e % 32);
-                let (h, kk) = (k / 16, k % 16);
-                let byte = o[64 + 64 * s + 32 * h + 8 * r + kk % 8];
-                let q = if kk < 8 { byte & 15 } else { byte >> 4 };
-                let at = 16 + 32 * (s / 2) + k;
-                if s % 2 == 0 {
-                    x[at] = (x[at] & 0xf0) | q;
-                } else {
-                    x[at] = (x[at] & 0x0f) | q << 4;
+            let (sc_lo, sc_hi) = (sc as u32, (sc >> 32) as u32);
+            let (mn_lo, mn_hi) = (mn as u32, (mn >> 32) as u32);
+            let top = |v: u32| (v >> 4 & 0x0303_0303) << 6;
+            x[4..8].copy_from_slice(&(sc_lo | top(sc_hi)).to_le_bytes());
+            x[8..12].copy_from_slice(&(mn_lo | top(mn_hi)).to_le_bytes());
+            let mixed = (sc_hi & 0x0F0F_0F0F) | (mn_hi & 0x0F0F_0F0F) << 4;
+            x[12..16].copy_from_slice(&mixed.to_le_bytes());
+            // Sub-blocks 2p (low nibbles of the file's bytes 16 + 32p..) and 2p + 1 (high).
+            for p in 0..4 {
+                let at = |j: usize, h: usize| word(o, 64 + 64 * j + 32 * h + 8 * r);
+                for h in 0..2 {
+                    let (e, f) = (at(2 * p, h), at(2 * p + 1, h));
+                    put_word(x, 16 + 32 * p + 16 * h, (e & NIB) | (f & NIB) << 4);
+                    put_word(x, 24 + 32 * p + 16 * h, (e >> 4 & NIB) | (f & !NIB));
                 }
             }
         }
     }
 }
 
-/// The top 2 bits of value `v` of a group super-block (bytes 48..64).
-fn group_high_bits(o: &[u8], v: usize) -> u8 {
-    (o[48 + v % 16] >> (2 * (v / 16))) & 3
+/// The 256 six-bit quants (unsigned, as stored) of a Q6_K super-block: element `128n + 32p + l`
+/// has its low 4 bits in byte `64n + l + 32 (p % 2)` of `ql` (the high nibble for `p >= 2`) and its
+/// top 2 bits at bits `2p` of byte `32n + l` of `qh`.
+fn q6_quants(x: &[u8]) -> [u8; 256] {
+    let (ql, qh) = (&x[..128], &x[128..192]);
+    std::array::from_fn(|e| {
+        let (n, p, l) = (e / 128, e % 128 / 32, e % 32);
+        let low = ql[64 * n + l + 32 * (p % 2)] >> (4 * (p / 2)) & 15;
+        low | (qh[32 * n + l] >> (2 * p) & 3) << 4
+    })
+}
+
+/// One group of the interleaved layout in `dst`, from four Q6_K rows of `nb` super-blocks in `src`.
+fn q6_k_group(src: &[u8], nb: usize, dst: &mut [u8]) {
+    let rb = nb * Q6_K_BLOCK;
+    for b in 0..nb {
+        let o = &mut dst[b * Q6_K_GROUP_BLOCK..(b + 1) * Q6_K_GROUP_BLOCK];
+        o.fill(0);
+        for r in 0..GROUP_ROWS {
+            let x = &src[r * rb + b * Q6_K_BLOCK..][..Q6_K_BLOCK];
+            o[2 * r..2 * r + 2].copy_from_slice(&x[208..210]);
+            for j in 0..16 {
+                o[8 + 16 * (j / 4) + 4 * r + j % 4] = x[192 + j];
+            }
+            let q = q6_quants(x);
+            for c in 0..8 {
+                let part = &mut o[Q6_K_GROUP_QUANTS + 96 * c..][..96];
+                for k in 0..8 {
+                    let e = |i: usize| q[32 * c + 8 * i + k];
+                    part[8 * r + k] = (e(0) & 15) | (e(1) & 15) << 4;
+                    part[32 + 8 * r + k] = (e(2) & 15) | (e(3) & 15) << 4;
+                    part[64 + 8 * r + k] =
+                        e(0) >> 4 | (e(1) >> 4) << 2 | (e(2) >> 4) << 4 | (e(3) >> 4) << 6;
+                }
+            }
+        }
+    }
+}
+
+/// Four Q6_K rows in `dst` from one interleaved group in `src` (the inverse of [`q6_k_group`]),
+/// 8 bytes at a time (see [`q4_k_ungroup`]).
+fn q6_k_ungroup(src: &[u8], nb: usize, dst: &mut [u8]) {
+    const TWO: u64 = 0x0303_0303_0303_0303;
+    let rb = nb * Q6_K_BLOCK;
+    for b in 0..nb {
+        let o = &src[b * Q6_K_GROUP_BLOCK..(b + 1) * Q6_K_GROUP_BLOCK];
+        for r in 0..GROUP_ROWS {
+            let x = &mut dst[r * rb + b * Q6_K_BLOCK..][..Q6_K_BLOCK];
+            x[208..210].copy_from_slice(&o[2 * r..2 * r + 2]);
+            for g in 0..4 {
+                x[192 + 4 * g..196 + 4 * g].copy_from_slice(&o[8 + 16 * g + 4 * r..][..4]);
+            }
+            // Chunk c = 4n + p holds elements 128n + 32p + l: l = k, 8 + k in the nibbles of
+            // part 0, 16 + k, 24 + k in part 1, their top bits in part 2.
+            let part = |c: usize, i: usize| word(o, Q6_K_GROUP_QUANTS + 96 * c + 32 * i + 8 * r);
+            for n in 0..2 {
+                // `ql` bytes 64n + 32(p % 2) + l: low 4 bits of element (p, l) in the low nibble
+                // for p < 2, of (p + 2, l) in the high one.
+                for p in 0..2 {
+                    let (c, c2) = (4 * n + p, 4 * n + p + 2);
+                    for i in 0..2 {
+                        let (e, f) = (part(c, i), part(c2, i));
+                        let at = 64 * n + 32 * p + 16 * i;
+                        put_word(x, at, (e & NIB) | (f & NIB) << 4);
+                        put_word(x, at + 8, (e >> 4 & NIB) | (f & !NIB));
+                    }
+                }
+                // `qh` bytes 32n + l: the top bits of element (p, l) at bits 2p.
+                let h: [u64; 4] = std::array::from_fn(|p| part(4 * n + p, 2));
+                for q in 0..4 {
+                    let v = (0..4).fold(0, |v, p| v | (h[p] >> (2 * q) & TWO) << (2 * p));
+                    put_word(x, 128 + 32 * n + 8 * q, v);
+                }
+            }
+        }
+    }
 }

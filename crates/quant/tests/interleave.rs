@@ -13,15 +13,16 @@ use hearth_quant::simd::{
 };
 use hearth_quant::{vec_dot_type, GgmlType, ALL_TYPES};
 
-const TY: GgmlType = GgmlType::Q4_K;
+/// The types with an interleaved layout.
+const TYPES: [GgmlType; 2] = [GgmlType::Q4_K, GgmlType::Q6_K];
 
-/// `rows` random Q4_K rows of `n` elements (random bytes with sane f16 scales).
-fn rows_of(rng: &mut Rng, rows: usize, n: usize) -> Vec<u8> {
-    (0..rows).flat_map(|_| random_row(rng, TY, n)).collect()
+/// `rows` random rows of `ty` of `n` elements (random bytes with sane f16 scales).
+fn rows_of(rng: &mut Rng, ty: GgmlType, rows: usize, n: usize) -> Vec<u8> {
+    (0..rows).flat_map(|_| random_row(rng, ty, n)).collect()
 }
 
-fn acts_of(rng: &mut Rng, tokens: usize, n: usize) -> Vec<u8> {
-    let aty = vec_dot_type(TY);
+fn acts_of(rng: &mut Rng, ty: GgmlType, tokens: usize, n: usize) -> Vec<u8> {
+    let aty = vec_dot_type(ty);
     let arow = aty.row_bytes(n as u64).unwrap() as usize;
     let mut a = vec![0u8; arow * tokens];
     for t in 0..tokens {
@@ -33,8 +34,10 @@ fn acts_of(rng: &mut Rng, tokens: usize, n: usize) -> Vec<u8> {
 
 /// `(interleaved, file's layout)`: every row of `wi` (interleaved) and of `w` (the same rows in
 /// the file's layout) against `tokens` activation rows of `a`, at `isa`.
+#[allow(clippy::too_many_arguments)]
 fn both_layouts(
     isa: Isa,
+    ty: GgmlType,
     n: usize,
     rows: usize,
     w: &[u8],
@@ -42,45 +45,51 @@ fn both_layouts(
     a: &[u8],
     tokens: usize,
 ) -> (Vec<f32>, Vec<f32>) {
-    let wrow = TY.row_bytes(n as u64).unwrap() as usize;
-    let arow = vec_dot_type(TY).row_bytes(n as u64).unwrap() as usize;
+    let wrow = ty.row_bytes(n as u64).unwrap() as usize;
+    let arow = vec_dot_type(ty).row_bytes(n as u64).unwrap() as usize;
     let ar = Rows::packed(&a[..tokens * arow], arow);
     let mut want = vec![0f32; rows * tokens];
     let mut got = vec![f32::NAN; rows * tokens];
-    vec_dot_matrix_at(isa, TY, n, Rows::packed(w, wrow), ar, &mut want, rows);
-    vec_dot_matrix_interleaved_at(isa, TY, n, Rows::packed(wi, wrow), ar, &mut got, rows);
+    vec_dot_matrix_at(isa, ty, n, Rows::packed(w, wrow), ar, &mut want, rows);
+    vec_dot_matrix_interleaved_at(isa, ty, n, Rows::packed(wi, wrow), ar, &mut got, rows);
     (got, want)
 }
 
 #[test]
 fn interleaving_round_trips_exactly() {
     let mut rng = Rng(11);
-    for (rows, n) in [(4, 256), (8, 512), (12, 2048), (64, 768)] {
-        let w = rows_of(&mut rng, rows, n);
-        let mut x = w.clone();
-        assert!(can_interleave(TY, rows, n));
-        assert!(interleave(TY, n, &mut x));
-        assert_ne!(x, w, "{rows} x {n}: interleaving changed nothing");
-        assert!(deinterleave(TY, n, &mut x));
-        assert_eq!(x, w, "{rows} x {n}");
+    for ty in TYPES {
+        for (rows, n) in [(4, 256), (8, 512), (12, 2048), (64, 768)] {
+            let w = rows_of(&mut rng, ty, rows, n);
+            let mut x = w.clone();
+            assert!(can_interleave(ty, rows, n));
+            assert!(interleave(ty, n, &mut x));
+            assert_ne!(x, w, "{ty} {rows} x {n}: interleaving changed nothing");
+            assert!(deinterleave(ty, n, &mut x));
+            assert_eq!(x, w, "{ty} {rows} x {n}");
+        }
     }
 }
 
 #[test]
 fn only_whole_groups_of_a_type_with_a_layout_are_interleaved() {
-    assert!(!can_interleave(TY, 6, 256));
-    assert!(!can_interleave(TY, 8, 300));
-    assert!(!can_interleave(TY, 8, 0));
+    for ty in TYPES {
+        assert!(!can_interleave(ty, 6, 256));
+        assert!(!can_interleave(ty, 8, 300));
+        assert!(!can_interleave(ty, 8, 0));
+    }
     for &ty in ALL_TYPES.iter() {
-        assert_eq!(can_interleave(ty, 8, 256), ty == TY, "{ty}");
+        assert_eq!(can_interleave(ty, 8, 256), TYPES.contains(&ty), "{ty}");
     }
     // Not whole groups: nothing written.
     let mut rng = Rng(3);
-    let w = rows_of(&mut rng, 6, 256);
-    let mut x = w.clone();
-    assert!(!interleave(TY, 256, &mut x));
-    assert_eq!(x, w);
-    assert!(!interleave(GgmlType::Q6_K, 256, &mut vec![0u8; 4 * 210]));
+    for ty in TYPES {
+        let w = rows_of(&mut rng, ty, 6, 256);
+        let mut x = w.clone();
+        assert!(!interleave(ty, 256, &mut x));
+        assert_eq!(x, w);
+    }
+    assert!(!interleave(GgmlType::Q5_K, 256, &mut vec![0u8; 4 * 176]));
 }
 
 /// Products over interleaved rows against the same at the same instruction set over the file's
@@ -89,22 +98,24 @@ fn only_whole_groups_of_a_type_with_a_layout_are_interleaved() {
 #[test]
 fn interleaved_products_are_bit_identical_to_the_files_rows() {
     let mut rng = Rng(7);
-    for isa in available_isas() {
-        for (rows, n) in [(4, 256), (8, 2048), (16, 768), (68, 512)] {
-            let w = rows_of(&mut rng, rows, n);
-            let mut wi = w.clone();
-            assert!(interleave(TY, n, &mut wi));
-            for tokens in [1, 2, 3, 4, 5, 9, 64, 67] {
-                let a = acts_of(&mut rng, tokens, n);
-                let (got, want) = both_layouts(isa, n, rows, &w, &wi, &a, tokens);
-                for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(
-                        g.to_bits(),
-                        w.to_bits(),
-                        "{isa} {rows} x {n}, {tokens} tokens: token {} row {}: {g} vs {w}",
-                        k / rows,
-                        k % rows
-                    );
+    for ty in TYPES {
+        for isa in available_isas() {
+            for (rows, n) in [(4, 256), (8, 2048), (16, 768), (68, 512)] {
+                let w = rows_of(&mut rng, ty, rows, n);
+                let mut wi = w.clone();
+                assert!(interleave(ty, n, &mut wi));
+                for tokens in [1, 2, 3, 4, 5, 9, 64, 67] {
+                    let a = acts_of(&mut rng, ty, tokens, n);
+                    let (got, want) = both_layouts(isa, ty, n, rows, &w, &wi, &a, tokens);
+                    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            w.to_bits(),
+                            "{ty} {isa} {rows} x {n}, {tokens} tokens: token {} row {}: {g} vs {w}",
+                            k / rows,
+                            k % rows
+                        );
+                    }
                 }
             }
         }
@@ -112,25 +123,31 @@ fn interleaved_products_are_bit_identical_to_the_files_rows() {
 }
 
 /// Quants, scales and minimums at their extremes (every byte `fill`) and activations of ±127 and
-/// -128: the i16 sums of four products' pairs must not overflow.
+/// -128: the i16 sums of four (Q4_K) or two (Q6_K) products' pairs must not overflow.
 #[test]
 fn extreme_quants_stay_exact_interleaved() {
-    let aty = vec_dot_type(TY);
+    for ty in TYPES {
+        extreme_quants(ty);
+    }
+}
+
+fn extreme_quants(ty: GgmlType) {
+    let aty = vec_dot_type(ty);
     let n = 512;
     let rows = 8;
-    let wrow = TY.row_bytes(n as u64).unwrap() as usize;
+    let wrow = ty.row_bytes(n as u64).unwrap() as usize;
     let arow = aty.row_bytes(n as u64).unwrap() as usize;
     for isa in available_isas() {
         for fill in [0xFFu8, 0x80, 0x7F, 0x88, 0x00] {
             let mut w = vec![fill; wrow * rows];
-            for (i, block) in w.chunks_exact_mut(TY.type_size()).enumerate() {
-                for &off in f16_fields(TY) {
+            for (i, block) in w.chunks_exact_mut(ty.type_size()).enumerate() {
+                for &off in f16_fields(ty) {
                     let v = half::f16::from_f32(if i % 2 == 0 { 0.01 } else { -0.02 });
                     block[off..off + 2].copy_from_slice(&v.to_le_bytes());
                 }
             }
             let mut wi = w.clone();
-            assert!(interleave(TY, n, &mut wi));
+            assert!(interleave(ty, n, &mut wi));
             let mut a = vec![];
             for j in 0..3 {
                 let x: Vec<f32> = (0..n)
@@ -152,14 +169,14 @@ fn extreme_quants_stay_exact_interleaved() {
                 b[260 + 2 * j..262 + 2 * j].copy_from_slice(&(-2048i16).to_le_bytes());
             }
             for tokens in [1, 3] {
-                let (got, want) = both_layouts(isa, n, rows, &w, &wi, &a, tokens);
+                let (got, want) = both_layouts(isa, ty, n, rows, &w, &wi, &a, tokens);
                 let same = got
                     .iter()
                     .zip(&want)
                     .all(|(g, w)| g.to_bits() == w.to_bits());
                 assert!(
                     same,
-                    "{isa} fill {fill:#x}, {tokens} tokens: {got:?} vs {want:?}"
+                    "{ty} {isa} fill {fill:#x}, {tokens} tokens: {got:?} vs {want:?}"
                 );
             }
         }
@@ -168,11 +185,13 @@ fn extreme_quants_stay_exact_interleaved() {
 
 #[test]
 fn kernels_exist_where_a_loader_interleaves() {
-    assert!(!interleaved_kernels(Isa::Scalar, TY));
-    assert!(!interleaved_kernels(Isa::Avx2, GgmlType::Q6_K));
-    assert_eq!(
-        interleaved_kernels(Isa::Avx2, TY),
-        cfg!(target_arch = "x86_64")
-    );
+    for ty in TYPES {
+        assert!(!interleaved_kernels(Isa::Scalar, ty));
+        assert_eq!(
+            interleaved_kernels(Isa::Avx2, ty),
+            cfg!(target_arch = "x86_64")
+        );
+    }
+    assert!(!interleaved_kernels(Isa::Avx2, GgmlType::Q5_K));
     assert_eq!(GROUP_ROWS, 4);
 }
