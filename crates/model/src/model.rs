@@ -38,7 +38,7 @@ impl Model {
     }
 
     /// Binds an opened file's tensors. A file read into memory ([`Gguf::open_resident`]) and held
-    /// by no one else has its Q4_K matrices laid out for this CPU's kernels first
+    /// by no one else has its Q4_K and Q6_K matrices laid out for this CPU's kernels first
     /// (`hearth_quant::interleave`).
     pub fn load(mut gguf: Arc<Gguf>) -> Result<Model, ModelError> {
         if let Some(g) = Arc::get_mut(&mut gguf) {
@@ -185,9 +185,10 @@ impl Model {
 }
 
 /// Rewrites, in place, the matrices whose rows have an interleaved layout with kernels at
-/// [`kernel_isa`] (Q4_K on AVX2: `hearth_quant::interleave`) into that layout, unless
+/// [`kernel_isa`] (Q4_K and Q6_K on AVX2: `hearth_quant::interleave`) into that layout, unless
 /// `HEARTH_INTERLEAVE=0`: a one-token product then shares each scale multiply among four rows
-/// (Q4_K one thread, 2048 × 768 in cache on Zen 1: 14.0 GB/s against 8.9). The bytes take the
+/// (Q4_K one thread, 2048 × 768 in cache on Zen 1: 14.0 GB/s against 8.9), and products of many
+/// tokens read the groups as fast as the file's rows. The bytes take the
 /// same room, so there is no second copy; the products give the same bits. Only a file read
 /// into memory can be rewritten; a mapped one is left as it is. The token embeddings, read a
 /// row at a time, are never rewritten. Returns how many tensors were.

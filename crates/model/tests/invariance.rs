@@ -174,13 +174,33 @@ fn assert_model_invariant(name: &str, model: &Model) {
     }
 }
 
-/// Read into memory, the Q4_K matrices are laid out four rows at a time at load where this CPU's
-/// kernels have that layout (`hearth_quant::interleave`): the logits are the same bits as from
-/// the mapped file's rows, and stay batch invariant.
+/// Read into memory, the Q4_K and Q6_K matrices are laid out four rows at a time at load where
+/// this CPU's kernels have that layout (`hearth_quant::interleave`): the logits are the same bits
+/// as from the mapped file's rows, and stay batch invariant. Where the native kernels have no such
+/// layout (AVX-512) but the CPU runs AVX2, the test runs again in a child process capped at AVX2,
+/// so every CI machine checks the interleaved model.
 #[test]
 fn interleaved_weights_give_the_files_logits() {
-    use hearth_quant::simd::interleaved_kernels;
+    use hearth_quant::simd::{interleaved_kernels, Isa};
     use hearth_quant::{kernel_isa, GgmlType};
+    const TEST: &str = "interleaved_weights_give_the_files_logits";
+    if !interleaved_kernels(kernel_isa(), GgmlType::Q4_K)
+        && Isa::Avx2.supported()
+        && std::env::var_os("HEARTH_KERNELS").is_none()
+    {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([TEST, "--exact", "--nocapture", "--test-threads", "1"])
+            .env("HEARTH_KERNELS", "avx2")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "under HEARTH_KERNELS=avx2: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("interleaved Q6_K"), "{text}");
+    }
     for name in ["tiny-qwen3moe.q4_k_m.gguf", "tiny-llama3.q4_k_m.gguf"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../../shared/fixtures")
@@ -194,6 +214,16 @@ fn interleaved_weights_give_the_files_logits() {
             continue;
         }
         assert!(n > 0, "{name}: no matrix interleaved");
+        let q6 = model
+            .gguf()
+            .tensors()
+            .iter()
+            .filter(|t| t.ty == GgmlType::Q6_K && model.gguf().is_rewritten(t))
+            .count();
+        println!("{name}: {n} matrices interleaved, {q6} of them Q6_K");
+        if q6 > 0 {
+            println!("interleaved Q6_K");
+        }
         assert!(
             !model.tok_embd.interleaved(),
             "{name}: token embeddings interleaved"
