@@ -186,8 +186,8 @@ fn put_word(b: &mut [u8], at: usize, v: u64) {
 const NIB: u64 = 0x0F0F_0F0F_0F0F_0F0F;
 
 /// Four Q4_K rows in `dst` from one interleaved group in `src` (the inverse of [`q4_k_group`]),
-/// 8 bytes at a time: products over many tokens take the file's layout back on the fly, so this
-/// runs at memory speed.
+/// 8 bytes at a time: products at instruction sets without interleaved kernels take the file's
+/// layout back on the fly through this.
 fn q4_k_ungroup(src: &[u8], nb: usize, dst: &mut [u8]) {
     const TWO: u64 = 0x0303_0303_0303_0303;
     let rb = nb * Q4_K_BLOCK;

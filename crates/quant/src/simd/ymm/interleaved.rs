@@ -47,7 +47,7 @@ const TOKENS: usize = 4;
 /// both halves of one register (Q4_K's minimums), then four registers of the sums of 16 (Q6_K's
 /// `- 32`: sums `4G..4G + 4` four times over in register `33 + G`); and `d` per super-block.
 struct Expanded {
-    /// `[tokens][nb][33]`.
+    /// `[tokens][nb][REGS]`.
     regs: Vec<__m256i>,
     /// `[tokens][nb]`.
     d: Vec<f32>,
@@ -321,8 +321,8 @@ unsafe fn q6_k_pass<const T: usize>(
             let blk = gb.add(b * Q6_K_GROUP_BLOCK);
             // Scales of sub-blocks 4G..4G + 4: rows 0, 1 in the low half, 2, 3 in the high one.
             let mut sc = [_mm256_setzero_si256(); 4];
-            for (g, s) in sc.iter_mut().enumerate() {
-                *s = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(8 + 16 * g).cast()));
+            for (k, s) in sc.iter_mut().enumerate() {
+                *s = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(8 + 16 * k).cast()));
             }
             let mut ys = [std::ptr::null::<__m256i>(); T];
             for (t, y) in ys.iter_mut().enumerate() {
