@@ -27,10 +27,12 @@
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+use super::kquants::{KQuant, K, Q4K, Q6K};
+use super::{group, store, Dp, Fmt, Madd, TChunk, VexVnni, LANES, MAX_DW, P_REGS, SCRATCH_REGS};
 use crate::block::cast_blocks;
 use crate::interleave::{GROUP_ROWS, Q4_K_GROUP_BLOCK, Q6_K_GROUP_BLOCK, Q6_K_GROUP_QUANTS};
 use crate::k_quants::BlockQ8K;
-use crate::simd::Rows;
+use crate::simd::{Rows, PASS};
 
 /// Bytes ahead of the group super-block being read that the kernel prefetches (into L1). Reading a
 /// 32768 × 2048 matrix from memory on Zen 1, one thread: 1152 / 2048 / 4096 / 8192 bytes ahead gave
@@ -489,10 +491,6 @@ pub(crate) unsafe fn q6_k(
 // the first, 4..7 from the second), in registers, so the products see the very bytes of the
 // file's layout and give the same bits as over the file's rows.
 
-use super::kquants::{KQuant, K, Q4K, Q6K};
-use super::{group, store, Dp, Fmt, Madd, TChunk, VexVnni, LANES, MAX_DW, P_REGS, SCRATCH_REGS};
-use crate::simd::PASS;
-
 /// Low nibbles of every byte.
 #[inline(always)]
 unsafe fn nibbles() -> __m256i {
@@ -574,7 +572,8 @@ unsafe fn top_pairs(h: &[__m256i; 4], q: usize) -> __m256i {
 trait GroupLoad {
     /// Bytes of a group super-block.
     const GROUP_BLOCK: usize;
-    /// Super-block `b..` of groups `a` (rows 0..3) and `b` (rows 4..7) into `tc`.
+    /// The group super-blocks at `a` (rows 0..3) and `b` (rows 4..7) into `tc`, as the file's
+    /// super-blocks of those 8 rows, transposed.
     unsafe fn load(tc: &mut TChunk, a: *const u8, b: *const u8);
 }
 
