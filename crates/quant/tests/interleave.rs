@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{f16_fields, random_row, Rng};
+use common::{extreme_acts, f16_fields, random_row, Rng};
 use hearth_quant::interleave::{can_interleave, deinterleave, interleave, GROUP_ROWS};
 use hearth_quant::simd::{
     available_isas, interleaved_kernels, quantize_row_at, vec_dot_matrix_at,
@@ -150,13 +150,7 @@ fn extreme_quants(ty: GgmlType) {
             assert!(interleave(ty, n, &mut wi));
             let mut a = vec![];
             for j in 0..3 {
-                let x: Vec<f32> = (0..n)
-                    .map(|k| match j {
-                        0 => 1.0,
-                        1 => -1.0,
-                        _ => 1.0 - 2.0 * (k / 32 % 2) as f32,
-                    })
-                    .collect();
+                let x = extreme_acts(j, n);
                 let mut q = vec![0u8; arow];
                 quantize_row_at(Level::Scalar, aty, &x, &mut q).unwrap();
                 a.extend(q);

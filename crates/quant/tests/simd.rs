@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{f16_fields, random_row, Rng};
+use common::{extreme_acts, f16_fields, random_row, Rng};
 use hearth_quant::simd::{
     available_isas, cpu_level, quantize_row_at, vec_dot_at, vec_dot_matrix_at, vec_dot_rows_at,
     vec_dot_tile_at, Isa, Level, Rows, ALL_ISAS,
@@ -317,13 +317,7 @@ fn extreme_quants_stay_exact() {
                 }
                 let mut acts = vec![];
                 for j in 0..n_acts {
-                    let x: Vec<f32> = (0..n)
-                        .map(|k| match j {
-                            0 => 1.0,
-                            1 => -1.0,
-                            _ => 1.0 - 2.0 * (k / 32 % 2) as f32,
-                        })
-                        .collect();
+                    let x = extreme_acts(j, n);
                     acts.extend(quantize(aty, &x));
                 }
                 let wr = Rows::packed(&w, wrow);

@@ -152,6 +152,18 @@ pub fn f16_fields(ty: hearth_quant::GgmlType) -> &'static [usize] {
     }
 }
 
+/// Activation row `j` of the extreme-value tests, `n` elements: all 1.0 (quantized to +127), all
+/// -1.0 (-127), then signs alternating every 32 elements (sums of sub-blocks at their extremes).
+pub fn extreme_acts(j: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|k| match j {
+            0 => 1.0,
+            1 => -1.0,
+            _ => 1.0 - 2.0 * (k / 32 % 2) as f32,
+        })
+        .collect()
+}
+
 /// A random but valid row of `n` elements of `ty`: random bytes with sane finite scales (and for the
 /// plain float types, random finite values).
 pub fn random_row(rng: &mut Rng, ty: hearth_quant::GgmlType, n: usize) -> Vec<u8> {

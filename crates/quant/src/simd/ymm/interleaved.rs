@@ -28,11 +28,11 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::kquants::{KQuant, K, Q4K, Q6K};
-use super::{group, store, Dp, Fmt, Madd, TChunk, VexVnni, LANES, MAX_DW, P_REGS, SCRATCH_REGS};
+use super::{act_ptrs, regions, steps, store, Dp, Fmt, Madd, TChunk, VexVnni, LANES, MAX_DW};
 use crate::block::cast_blocks;
 use crate::interleave::{GROUP_ROWS, Q4_K_GROUP_BLOCK, Q6_K_GROUP_BLOCK, Q6_K_GROUP_QUANTS};
 use crate::k_quants::BlockQ8K;
-use crate::simd::{Rows, PASS};
+use crate::simd::Rows;
 
 /// Bytes ahead of the group super-block being read that the kernel prefetches (into L1). Reading a
 /// 32768 × 2048 matrix from memory on Zen 1, one thread: 1152 / 2048 / 4096 / 8192 bytes ahead gave
@@ -152,6 +152,24 @@ unsafe fn sub_block<const T: usize>(
     }
 }
 
+/// The four rows' results of group `g` for each of `T` tokens (`v[t]`, in row order) into `out`.
+#[inline(always)]
+unsafe fn store_group<const T: usize>(
+    v: &[__m128; T],
+    g: usize,
+    out: &mut [f32],
+    tok_stride: usize,
+    row_stride: usize,
+) {
+    for (t, v) in v.iter().enumerate() {
+        let mut r = [0f32; GROUP_ROWS];
+        _mm_storeu_ps(r.as_mut_ptr(), *v);
+        for (i, x) in r.into_iter().enumerate() {
+            out[t * tok_stride + (GROUP_ROWS * g + i) * row_stride] = x;
+        }
+    }
+}
+
 /// `T` tokens through the Q4_K groups of `w`: for each group and token the four rows' results.
 ///
 /// # Safety
@@ -226,12 +244,9 @@ unsafe fn q4_k_pass<const T: usize>(
             }
         }
         for t in 0..T {
-            let mut r = [0f32; GROUP_ROWS];
-            _mm_storeu_ps(r.as_mut_ptr(), _mm_sub_ps(acc[t], accm[t]));
-            for (i, v) in r.into_iter().enumerate() {
-                out[t * tok_stride + (GROUP_ROWS * g + i) * row_stride] = v;
-            }
+            acc[t] = _mm_sub_ps(acc[t], accm[t]);
         }
+        store_group(&acc, g, out, tok_stride, row_stride);
     }
 }
 
@@ -350,13 +365,7 @@ unsafe fn q6_k_pass<const T: usize>(
                 acc[t] = _mm_fmadd_ps(_mm_mul_ps(d4, dy), _mm_cvtepi32_ps(isum), acc[t]);
             }
         }
-        for t in 0..T {
-            let mut r = [0f32; GROUP_ROWS];
-            _mm_storeu_ps(r.as_mut_ptr(), acc[t]);
-            for (i, v) in r.into_iter().enumerate() {
-                out[t * tok_stride + (GROUP_ROWS * g + i) * row_stride] = v;
-            }
-        }
+        store_group(&acc, g, out, tok_stride, row_stride);
     }
 }
 
@@ -668,24 +677,12 @@ unsafe fn run_grouped<W: KQuant + GroupLoad, D: Dp>(
     type F<W> = K<W>;
     let nb = n / 256;
     let nt = acts.len();
-    debug_assert!((1..=PASS).contains(&nt));
-    let mut a = [std::ptr::null::<u8>(); PASS];
-    for j in 0..nt {
-        debug_assert_eq!(acts[j].len(), nb * <F<W> as Fmt>::AB);
-        a[j] = acts[j].as_ptr();
-    }
+    let a = act_ptrs(acts, nb * <F<W> as Fmt>::AB);
     const { assert!(MAX_DW >= 53) };
     // SAFETY: as in `super::run`: the thread's own scratch, used by nothing else while this call
-    // runs, laid out the same way.
+    // runs.
     let s = &mut *super::SCRATCH.with(|s| s.get());
-    if s.regs.is_empty() {
-        s.regs.resize(SCRATCH_REGS, _mm256_setzero_si256());
-    }
-    let base = s.regs.as_mut_ptr();
-    let p = &mut *base.cast::<<F<W> as Fmt>::P>();
-    let tc = &mut *base.add(P_REGS).cast::<TChunk>();
-    let acc = &mut *base.add(P_REGS + MAX_DW).cast::<[__m256; PASS]>();
-    let accm = &mut *base.add(P_REGS + MAX_DW + PASS).cast::<[__m256; PASS]>();
+    let (p, tc, acc, accm) = regions::<<F<W> as Fmt>::P>(&mut s.regs);
     // K-quants prepare nothing per activation block (a zero-sized `Q`).
     let q = std::ptr::NonNull::<()>::dangling().as_ptr().cast_const();
     let gbytes = nb * W::GROUP_BLOCK;
@@ -721,16 +718,7 @@ unsafe fn run_grouped<W: KQuant + GroupLoad, D: Dp>(
                 gb.add(blk * W::GROUP_BLOCK),
             );
             <F<W> as Fmt>::pack::<D>(tc, 1, p);
-            let mut j = 0;
-            while j < nt {
-                match nt - j {
-                    1 => group::<F<W>, D, 1>(p, 1, blk, nb, &a, q, j, acc, accm),
-                    2 => group::<F<W>, D, 2>(p, 1, blk, nb, &a, q, j, acc, accm),
-                    3 => group::<F<W>, D, 3>(p, 1, blk, nb, &a, q, j, acc, accm),
-                    _ => group::<F<W>, D, 4>(p, 1, blk, nb, &a, q, j, acc, accm),
-                }
-                j += 4;
-            }
+            steps::<F<W>, D>(p, 1, blk, nb, &a, q, nt, acc, accm);
         }
         store::<F<W>>(acc, accm, nt, &idx, out, tok_stride, row_stride);
     }

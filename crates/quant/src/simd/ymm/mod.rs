@@ -397,6 +397,76 @@ const FAR_FIRST_ROWS: usize = 4;
 const P_REGS: usize = 160;
 const SCRATCH_REGS: usize = P_REGS + MAX_DW + 2 * PASS;
 
+/// The first byte of each of the `acts` (1..=[`PASS`] rows of `len` bytes each).
+#[inline(always)]
+fn act_ptrs(acts: &[&[u8]], len: usize) -> [*const u8; PASS] {
+    debug_assert!((1..=PASS).contains(&acts.len()));
+    let mut a = [std::ptr::null::<u8>(); PASS];
+    for (a, r) in a.iter_mut().zip(acts) {
+        debug_assert_eq!(r.len(), len);
+        *a = r.as_ptr();
+    }
+    a
+}
+
+/// The thread's register scratch (grown on first use) as its regions: the unpacked chunk `P`, the
+/// transposed chunk and the two accumulators per token.
+///
+/// # Safety
+/// `regs` is the thread's own scratch, used by nothing else while the regions live (kernels do
+/// not call each other), and `P` fits [`P_REGS`] registers.
+#[inline(always)]
+#[allow(clippy::type_complexity)]
+unsafe fn regions<P>(
+    regs: &mut Vec<__m256i>,
+) -> (
+    &mut P,
+    &mut TChunk,
+    &mut [__m256; PASS],
+    &mut [__m256; PASS],
+) {
+    debug_assert!(std::mem::size_of::<P>() <= P_REGS * 32);
+    if regs.is_empty() {
+        regs.resize(SCRATCH_REGS, _mm256_setzero_si256());
+    }
+    // SAFETY: initialised memory of SCRATCH_REGS registers, 32-byte aligned; the regions do not
+    // overlap, and every type placed there (registers, f32 and integer arrays) is valid for any
+    // bit pattern.
+    let base = regs.as_mut_ptr();
+    (
+        &mut *base.cast::<P>(),
+        &mut *base.add(P_REGS).cast::<TChunk>(),
+        &mut *base.add(P_REGS + MAX_DW).cast::<[__m256; PASS]>(),
+        &mut *base.add(P_REGS + MAX_DW + PASS).cast::<[__m256; PASS]>(),
+    )
+}
+
+/// An unpacked chunk `p` (blocks `c0..c0 + cn`) against all `nt` tokens, four at a time.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn steps<F: Fmt, D: Dp>(
+    p: &F::P,
+    cn: usize,
+    c0: usize,
+    nb: usize,
+    a: &[*const u8; PASS],
+    q: *const F::Q,
+    nt: usize,
+    acc: &mut [__m256; PASS],
+    accm: &mut [__m256; PASS],
+) {
+    let mut j = 0;
+    while j < nt {
+        match nt - j {
+            1 => group::<F, D, 1>(p, cn, c0, nb, a, q, j, acc, accm),
+            2 => group::<F, D, 2>(p, cn, c0, nb, a, q, j, acc, accm),
+            3 => group::<F, D, 3>(p, cn, c0, nb, a, q, j, acc, accm),
+            _ => group::<F, D, 4>(p, cn, c0, nb, a, q, j, acc, accm),
+        }
+        j += 4;
+    }
+}
+
 /// Every row of `w` against the `acts` (at most [`PASS`]): element (row `i`, token `j`) goes to
 /// `out[j * tok_stride + i * row_stride]`.
 #[inline(always)]
@@ -410,12 +480,7 @@ pub(super) unsafe fn run<F: Fmt, D: Dp>(
 ) {
     let nb = n / F::BS;
     let nt = acts.len();
-    debug_assert!((1..=PASS).contains(&nt));
-    let mut a = [std::ptr::null::<u8>(); PASS];
-    for j in 0..nt {
-        debug_assert_eq!(acts[j].len(), nb * F::AB);
-        a[j] = acts[j].as_ptr();
-    }
+    let a = act_ptrs(acts, nb * F::AB);
     const {
         assert!(std::mem::size_of::<F::P>() <= P_REGS * 32);
         assert!(std::mem::align_of::<F::Q>() <= 8);
@@ -426,22 +491,13 @@ pub(super) unsafe fn run<F: Fmt, D: Dp>(
     // call each other).
     let s = &mut *SCRATCH.with(|s| s.get());
     {
-        if s.regs.is_empty() {
-            s.regs.resize(SCRATCH_REGS, _mm256_setzero_si256());
-        }
         let qwords = (nt * nb * std::mem::size_of::<F::Q>()).div_ceil(8);
         if s.prep.len() < qwords {
             s.prep.resize(qwords, 0);
         }
-        // SAFETY: the register scratch is initialised memory of SCRATCH_REGS registers, 32-byte
-        // aligned, and the three regions do not overlap; `prep` holds nt * nb values of F::Q
-        // (8-byte aligned, F::Q at most 8-aligned). Every type placed there (registers, f32 and
-        // integer arrays) is valid for any bit pattern.
-        let base = s.regs.as_mut_ptr();
-        let p = &mut *base.cast::<F::P>();
-        let tc = &mut *base.add(P_REGS).cast::<TChunk>();
-        let acc = &mut *base.add(P_REGS + MAX_DW).cast::<[__m256; PASS]>();
-        let accm = &mut *base.add(P_REGS + MAX_DW + PASS).cast::<[__m256; PASS]>();
+        let (p, tc, acc, accm) = regions::<F::P>(&mut s.regs);
+        // SAFETY: `prep` holds nt * nb values of F::Q (8-byte aligned, F::Q at most 8-aligned),
+        // valid for any bit pattern.
         let q = s.prep.as_mut_ptr().cast::<F::Q>();
         for j in 0..nt {
             for blk in 0..nb {
@@ -546,16 +602,7 @@ pub(super) unsafe fn run<F: Fmt, D: Dp>(
                     continue;
                 }
                 F::pack::<D>(tc, cn, p);
-                let mut j = 0;
-                while j < nt {
-                    match nt - j {
-                        1 => group::<F, D, 1>(p, cn, c0, nb, &a, q, j, acc, accm),
-                        2 => group::<F, D, 2>(p, cn, c0, nb, &a, q, j, acc, accm),
-                        3 => group::<F, D, 3>(p, cn, c0, nb, &a, q, j, acc, accm),
-                        _ => group::<F, D, 4>(p, cn, c0, nb, &a, q, j, acc, accm),
-                    }
-                    j += 4;
-                }
+                steps::<F, D>(p, cn, c0, nb, &a, q, nt, acc, accm);
                 c0 += cn;
             }
             store::<F>(acc, accm, nt, &idx, out, tok_stride, row_stride);
