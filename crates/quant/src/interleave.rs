@@ -1,5 +1,6 @@
-//! Weight rows interleaved four at a time, for one-token products that share each scale multiply
-//! among the four rows.
+//! Weight rows interleaved in groups (four rows of Q4_K / Q6_K, eight of the legacy formats), for
+//! one-token products that read each register once and, for the K-quants, share each scale
+//! multiply among the four rows.
 //!
 //! A Q4_K row is read by a one-row kernel one 32-element sub-block at a time: a `vpmaddubsw` per 32
 //! products and a `vpmaddwd` by the sub-block's scale per 32. On a CPU whose integer multiplier
@@ -40,12 +41,27 @@
 //! | 0..8 | `d` of rows 0..3 (f16) |
 //! | 8..72 | scales (i8): byte `16G + 4r + i` is row `r`'s scale of sub-block `4G + i` |
 //! | 72..840 | quants (six-bit, unsigned as stored): elements `32c..32c + 32` at `72 + 96c`, in three 32-byte parts, 8 bytes per row `r` at `8r`; byte `k` of part 0 holds the low 4 bits of element `32c + k` (low nibble) and `32c + 8 + k` (high), of part 1 those of `32c + 16 + k` and `32c + 24 + k`, and of part 2 the top 2 bits of `32c + k`, `32c + 8 + k`, `32c + 16 + k`, `32c + 24 + k` at bits 0, 2, 4, 6 |
+//!
+//! The legacy formats of 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) group **8** rows,
+//! laid out as the 8-lane kernels of `simd::ymm::legacy` hold them in registers, so a one-token
+//! product loads each register once instead of transposing 16-byte windows of 8 rows (SmolLM2's
+//! Q4_1 and Q8_0 matrices). Group block `b` of rows `8g..8g + 8` is the 8 rows' blocks `b`, in
+//! the same bytes as in the file:
+//!
+//! | bytes | holds |
+//! |---|---|
+//! | 0..16 | `d` of rows 0..7 (f16) |
+//! | 16..32 | type 1 (Q4_1, Q5_1): `m` of rows 0..7 (f16) |
+//! | then 32 bytes per dword `k` of the block after its header | dword `k` of rows 0..7 (Q5's `qh` is dword 0, the quants follow) |
 
 use crate::k_quants::scale_min_k4;
 use crate::GgmlType;
 
-/// Rows per interleaved group.
+/// Rows per interleaved group of the K-quants (Q4_K, Q6_K); see [`group_rows`].
 pub const GROUP_ROWS: usize = 4;
+
+/// Rows per interleaved group of the legacy 32-element formats.
+pub const LEGACY_GROUP_ROWS: usize = 8;
 
 /// Bytes of a Q4_K super-block (one row).
 const Q4_K_BLOCK: usize = 144;
@@ -62,24 +78,40 @@ pub(crate) const Q6_K_GROUP_BLOCK: usize = GROUP_ROWS * Q6_K_BLOCK;
 /// Offset of the quants in a Q6_K group super-block (after four `d` and 64 scales).
 pub(crate) const Q6_K_GROUP_QUANTS: usize = 72;
 
-/// Whether rows of `ty` have an interleaved layout (Q4_K, Q6_K).
+/// Whether rows of `ty` have an interleaved layout (Q4_K, Q6_K and the legacy formats).
 pub fn has_interleaved(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
+    group_rows(ty) > 0
+}
+
+/// Rows per interleaved group of `ty`: 4 (Q4_K, Q6_K), 8 (legacy formats), 0 (no layout).
+pub fn group_rows(ty: GgmlType) -> usize {
+    use GgmlType::*;
+    match ty {
+        Q4_K | Q6_K => GROUP_ROWS,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL => LEGACY_GROUP_ROWS,
+        _ => 0,
+    }
 }
 
 /// Whether a matrix of `rows` rows of `cols` elements of `ty` can be interleaved: a type with an
 /// interleaved layout, whole groups of rows and whole super-blocks per row.
 pub fn can_interleave(ty: GgmlType, rows: usize, cols: usize) -> bool {
-    has_interleaved(ty) && rows % GROUP_ROWS == 0 && cols % ty.block_size() == 0 && cols > 0
+    has_interleaved(ty) && rows % group_rows(ty) == 0 && cols % ty.block_size() == 0 && cols > 0
 }
 
 /// The one-group rewrites of `ty`: (file → interleaved, interleaved → file).
 type GroupFn = fn(&[u8], usize, &mut [u8]);
 
 fn group_fns(ty: GgmlType) -> Option<(GroupFn, GroupFn)> {
+    use GgmlType::*;
     match ty {
-        GgmlType::Q4_K => Some((q4_k_group, q4_k_ungroup)),
-        GgmlType::Q6_K => Some((q6_k_group, q6_k_ungroup)),
+        Q4_K => Some((q4_k_group, q4_k_ungroup)),
+        Q6_K => Some((q6_k_group, q6_k_ungroup)),
+        Q4_0 | IQ4_NL => Some((legacy_group::<2, 18>, legacy_ungroup::<2, 18>)),
+        Q4_1 => Some((legacy_group::<4, 20>, legacy_ungroup::<4, 20>)),
+        Q5_0 => Some((legacy_group::<2, 22>, legacy_ungroup::<2, 22>)),
+        Q5_1 => Some((legacy_group::<4, 24>, legacy_ungroup::<4, 24>)),
+        Q8_0 => Some((legacy_group::<2, 34>, legacy_ungroup::<2, 34>)),
         _ => None,
     }
 }
@@ -96,14 +128,14 @@ pub fn deinterleave(ty: GgmlType, cols: usize, data: &mut [u8]) -> bool {
     group_fns(ty).is_some_and(|(_, f)| rewrite(ty, cols, data, f))
 }
 
-/// Applies `f` (four rows of `nb` super-blocks → one group, or back) to each group of `data`.
+/// Applies `f` (a group's rows of `nb` blocks → one group, or back) to each group of `data`.
 fn rewrite(ty: GgmlType, cols: usize, data: &mut [u8], f: GroupFn) -> bool {
     if cols == 0 || cols % ty.block_size() != 0 {
         return false;
     }
     let nb = cols / ty.block_size();
-    let group = GROUP_ROWS * nb * ty.type_size();
-    if data.len() % group != 0 {
+    let group = group_rows(ty) * nb * ty.type_size();
+    if group == 0 || data.len() % group != 0 {
         return false;
     }
     let mut scratch = vec![0u8; group];
@@ -119,6 +151,67 @@ fn rewrite(ty: GgmlType, cols: usize, data: &mut [u8], f: GroupFn) -> bool {
 pub(crate) fn ungroup(ty: GgmlType, cols: usize, src: &[u8], dst: &mut [u8]) {
     let (_, f) = group_fns(ty).expect("a type with an interleaved layout");
     f(src, cols / ty.block_size(), dst);
+}
+
+/// Row `r` (of the whole matrix) of `data`, rows of `cols` elements of `ty` rewritten by
+/// [`interleave`], in the file's layout into `dst` (one row's bytes): a lookup of one row, such as
+/// a token's embedding, in a matrix the products read interleaved.
+///
+/// # Panics
+/// If `ty` has no interleaved layout, `cols` is not whole blocks, `dst` is not one row, or the
+/// group of row `r` is not in `data`.
+pub fn interleaved_row(ty: GgmlType, cols: usize, data: &[u8], r: usize, dst: &mut [u8]) {
+    let (_, f) = group_fns(ty).expect("a type with an interleaved layout");
+    assert!(
+        cols > 0 && cols % ty.block_size() == 0,
+        "{cols} columns of {ty}"
+    );
+    let rb = cols / ty.block_size() * ty.type_size();
+    assert_eq!(dst.len(), rb, "one row of {cols} columns of {ty}");
+    let n = group_rows(ty);
+    let group = &data[r / n * n * rb..(r / n + 1) * n * rb];
+    let mut rows = vec![0u8; n * rb];
+    f(group, cols / ty.block_size(), &mut rows);
+    dst.copy_from_slice(&rows[r % n * rb..(r % n + 1) * rb]);
+}
+
+/// One group of the legacy layout in `dst` from 8 rows of `nb` blocks of `WB` bytes in `src`,
+/// each block a header of `HB` bytes (`d`, type 1 also `m`) and dwords after it.
+fn legacy_group<const HB: usize, const WB: usize>(src: &[u8], nb: usize, dst: &mut [u8]) {
+    const R: usize = LEGACY_GROUP_ROWS;
+    let rb = nb * WB;
+    for b in 0..nb {
+        let o = &mut dst[b * R * WB..(b + 1) * R * WB];
+        for r in 0..R {
+            let x = &src[r * rb + b * WB..][..WB];
+            for h in 0..HB / 2 {
+                o[16 * h + 2 * r..16 * h + 2 * r + 2].copy_from_slice(&x[2 * h..2 * h + 2]);
+            }
+            for k in 0..(WB - HB) / 4 {
+                let at = 8 * HB + 32 * k + 4 * r;
+                o[at..at + 4].copy_from_slice(&x[HB + 4 * k..HB + 4 * k + 4]);
+            }
+        }
+    }
+}
+
+/// The inverse of [`legacy_group`].
+fn legacy_ungroup<const HB: usize, const WB: usize>(src: &[u8], nb: usize, dst: &mut [u8]) {
+    const R: usize = LEGACY_GROUP_ROWS;
+    let rb = nb * WB;
+    for b in 0..nb {
+        let o = &src[b * R * WB..(b + 1) * R * WB];
+        for r in 0..R {
+            let x = &mut dst[r * rb + b * WB..][..WB];
+            for h in 0..HB / 2 {
+                x[2 * h..2 * h + 2].copy_from_slice(&o[16 * h + 2 * r..16 * h + 2 * r + 2]);
+            }
+            for k in 0..(WB - HB) / 4 {
+                let at = 8 * HB + 32 * k + 4 * r;
+                x[HB + 4 * k..HB + 4 * k + 4].copy_from_slice(&o[at..at + 4]);
+            }
+        }
+    }
 }
 
 /// One group of the interleaved layout in `dst`, from four Q4_K rows of `nb` super-blocks in `src`.

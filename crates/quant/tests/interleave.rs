@@ -1,12 +1,16 @@
-//! Rows interleaved four at a time (`hearth_quant::interleave`): the rewrite gives the file's bytes
-//! back exactly, and products over interleaved rows give the same bits as over the file's rows at
+//! Rows interleaved four (K-quants) or eight (legacy formats) at a time
+//! (`hearth_quant::interleave`): the rewrite gives the file's bytes back exactly, so does the
+//! lookup of one row, and products over interleaved rows give the same bits as over the file's rows at
 //! every instruction set, for one token and for many, including quants and activations at their
 //! extremes.
 
 mod common;
 
 use common::{extreme_acts, f16_fields, random_row, Rng};
-use hearth_quant::interleave::{can_interleave, deinterleave, interleave, GROUP_ROWS};
+use hearth_quant::interleave::{
+    can_interleave, deinterleave, group_rows, interleave, interleaved_row, GROUP_ROWS,
+    LEGACY_GROUP_ROWS,
+};
 use hearth_quant::simd::{
     available_isas, interleaved_kernels, quantize_row_at, vec_dot_matrix_at,
     vec_dot_matrix_interleaved_at, Isa, Level, Rows,
@@ -14,7 +18,25 @@ use hearth_quant::simd::{
 use hearth_quant::{vec_dot_type, GgmlType, ALL_TYPES};
 
 /// The types with an interleaved layout.
-const TYPES: [GgmlType; 2] = [GgmlType::Q4_K, GgmlType::Q6_K];
+const TYPES: [GgmlType; 8] = [
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::IQ4_NL,
+];
+
+/// Matrix shapes (rows, columns) of `ty`: one group up to many, whole blocks.
+fn shapes(ty: GgmlType) -> [(usize, usize); 4] {
+    if group_rows(ty) == GROUP_ROWS {
+        [(4, 256), (8, 2048), (16, 768), (68, 512)]
+    } else {
+        [(8, 32), (16, 576), (32, 2048), (136, 96)]
+    }
+}
 
 /// `rows` random rows of `ty` of `n` elements (random bytes with sane f16 scales).
 fn rows_of(rng: &mut Rng, ty: GgmlType, rows: usize, n: usize) -> Vec<u8> {
@@ -59,12 +81,18 @@ fn both_layouts(
 fn interleaving_round_trips_exactly() {
     let mut rng = Rng(11);
     for ty in TYPES {
-        for (rows, n) in [(4, 256), (8, 512), (12, 2048), (64, 768)] {
+        for (rows, n) in shapes(ty) {
             let w = rows_of(&mut rng, ty, rows, n);
             let mut x = w.clone();
             assert!(can_interleave(ty, rows, n));
             assert!(interleave(ty, n, &mut x));
             assert_ne!(x, w, "{ty} {rows} x {n}: interleaving changed nothing");
+            let rb = w.len() / rows;
+            let mut row = vec![0u8; rb];
+            for r in 0..rows {
+                interleaved_row(ty, n, &x, r, &mut row);
+                assert_eq!(row, w[r * rb..(r + 1) * rb], "{ty} {rows} x {n}: row {r}");
+            }
             assert!(deinterleave(ty, n, &mut x));
             assert_eq!(x, w, "{ty} {rows} x {n}");
         }
@@ -77,6 +105,13 @@ fn only_whole_groups_of_a_type_with_a_layout_are_interleaved() {
         assert!(!can_interleave(ty, 6, 256));
         assert!(!can_interleave(ty, 8, 300));
         assert!(!can_interleave(ty, 8, 0));
+    }
+    for ty in TYPES
+        .into_iter()
+        .filter(|&t| group_rows(t) == LEGACY_GROUP_ROWS)
+    {
+        assert!(!can_interleave(ty, 4, 256), "{ty}: half a group");
+        assert!(!can_interleave(ty, 12, 256), "{ty}: a group and a half");
     }
     for &ty in ALL_TYPES.iter() {
         assert_eq!(can_interleave(ty, 8, 256), TYPES.contains(&ty), "{ty}");
@@ -94,13 +129,14 @@ fn only_whole_groups_of_a_type_with_a_layout_are_interleaved() {
 
 /// Products over interleaved rows against the same at the same instruction set over the file's
 /// rows: every element the same bits, for token counts around the kernels' groups of 4 and passes
-/// of 64, and for row counts of one group up to several.
+/// of 64, and for row counts of one group up to several (K-quants of 4 rows, legacy formats of 8;
+/// 96 and 576 columns are chunks of the legacy kernels cut short).
 #[test]
 fn interleaved_products_are_bit_identical_to_the_files_rows() {
     let mut rng = Rng(7);
     for ty in TYPES {
         for isa in available_isas() {
-            for (rows, n) in [(4, 256), (8, 2048), (16, 768), (68, 512)] {
+            for (rows, n) in shapes(ty) {
                 let w = rows_of(&mut rng, ty, rows, n);
                 let mut wi = w.clone();
                 assert!(interleave(ty, n, &mut wi));
@@ -123,7 +159,8 @@ fn interleaved_products_are_bit_identical_to_the_files_rows() {
 }
 
 /// Quants, scales and minimums at their extremes (every byte `fill`) and activations of ±127 and
-/// -128: the i16 sums of four (Q4_K) or two (Q6_K) products' pairs must not overflow.
+/// -128: the i16 sums of four (Q4_K) or two (Q6_K) products' pairs, and of the legacy kernels,
+/// must not overflow.
 #[test]
 fn extreme_quants_stay_exact_interleaved() {
     for ty in TYPES {
@@ -155,12 +192,19 @@ fn extreme_quants(ty: GgmlType) {
                 quantize_row_at(Level::Scalar, aty, &x, &mut q).unwrap();
                 a.extend(q);
             }
-            // -1.0 quantizes to -127; make the second row's first block -128 (Q8_K's range),
-            // with its sums of 16 to match (d: 4 bytes, 256 quants, 16 i16 sums).
-            let b = &mut a[arow..arow + 292];
-            b[4..260].fill(0x80);
-            for j in 0..16 {
-                b[260 + 2 * j..262 + 2 * j].copy_from_slice(&(-2048i16).to_le_bytes());
+            // -1.0 quantizes to -127; make the second row's first block -128.
+            if aty == GgmlType::Q8_K {
+                // Q8_K's range, with its sums of 16 to match (d: 4 bytes, 256 quants, 16 i16
+                // sums).
+                let b = &mut a[arow..arow + 292];
+                b[4..260].fill(0x80);
+                for j in 0..16 {
+                    b[260 + 2 * j..262 + 2 * j].copy_from_slice(&(-2048i16).to_le_bytes());
+                }
+            } else {
+                // Q8_0 / Q8_1: the quants after `d` (and `s`, which both layouts use alike).
+                let qs = aty.type_size() - 32;
+                a[arow + qs..arow + qs + 32].fill(0x80);
             }
             for tokens in [1, 3] {
                 let (got, want) = both_layouts(isa, ty, n, rows, &w, &wi, &a, tokens);
@@ -188,4 +232,5 @@ fn kernels_exist_where_a_loader_interleaves() {
     }
     assert!(!interleaved_kernels(Isa::Avx2, GgmlType::Q5_K));
     assert_eq!(GROUP_ROWS, 4);
+    assert_eq!(LEGACY_GROUP_ROWS, 8);
 }

@@ -648,7 +648,7 @@ pub fn interleaved_kernels(isa: impl Into<Isa>, ty: GgmlType) -> bool {
 
 /// [`vec_dot_matrix`] over rows rewritten by [`crate::interleave::interleave`]: the same elements,
 /// bit for bit, as [`vec_dot_matrix`] over the rows in the file's layout. `w` holds whole groups
-/// of [`crate::interleave::GROUP_ROWS`] rows, back to back.
+/// of [`crate::interleave::group_rows`] rows, back to back.
 pub fn vec_dot_matrix_interleaved(
     ty: GgmlType,
     n: usize,
@@ -674,7 +674,7 @@ pub fn vec_dot_matrix_interleaved_at(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    use crate::interleave::{has_interleaved, GROUP_ROWS};
+    use crate::interleave::{group_rows, has_interleaved};
     let isa = isa.into();
     check_isa(isa);
     let (_, wlen, alen) = dot_shapes(ty, n);
@@ -682,9 +682,10 @@ pub fn vec_dot_matrix_interleaved_at(
         has_interleaved(ty),
         "vec_dot_matrix_interleaved: {ty} has no interleaved layout"
     );
+    let group_rows = group_rows(ty);
     assert!(
-        w.count % GROUP_ROWS == 0 && (w.stride == wlen || w.count == 0),
-        "vec_dot_matrix_interleaved: {} rows of stride {} (whole groups of {GROUP_ROWS} rows of {wlen} bytes)",
+        w.count % group_rows == 0 && (w.stride == wlen || w.count == 0),
+        "vec_dot_matrix_interleaved: {} rows of stride {} (whole groups of {group_rows} rows of {wlen} bytes)",
         w.count,
         w.stride
     );
@@ -698,21 +699,34 @@ pub fn vec_dot_matrix_interleaved_at(
     }
     #[cfg(target_arch = "x86_64")]
     if interleaved_kernels(isa, ty) {
-        // One or two tokens (decode): each unpacked register serves both, four rows share each
-        // scale multiply. More: the 8-lane kernels, which unpack 8 rows once for up to 64
+        // Legacy formats: `ymm::legacy_groups` for any number of tokens. K-quants, one or two
+        // tokens (decode): each unpacked register serves both, four rows share each scale
+        // multiply. More: the 8-lane kernels, which unpack 8 rows once for up to 64
         // tokens, read the groups as the file's transposed chunks. 768 x 2048 on Zen 4, one
         // thread, G multiply-adds/s, one-group kernel against 8-lane for 2 / 3 / 4 / 16 tokens:
         // Q4_K 52.6 / 57.3 / 57.9 / 57.8 against 50.2 / 64.2 / 74.6 / 107.6, Q6_K 41.2 / 48.5 /
         // 51.9 / 53.0 against 36.5 / 48.5 / 56.7 / 90.9.
         use ymm::interleaved as il;
+        use ymm::legacy_groups as lg;
         let vnni = isa == Isa::AvxVnni;
-        let f: traits::MatrixFn = match (ty, acts.count <= 2, vnni) {
-            (GgmlType::Q6_K, true, _) => il::q6_k,
-            (_, true, _) => il::q4_k,
-            (GgmlType::Q6_K, false, false) => il::q6_k_many,
-            (GgmlType::Q6_K, false, true) => il::q6_k_many_vnni,
-            (_, false, false) => il::q4_k_many,
-            (_, false, true) => il::q4_k_many_vnni,
+        let legacy: Option<(traits::MatrixFn, traits::MatrixFn)> = match ty {
+            GgmlType::Q4_0 => Some((lg::q4_0, lg::q4_0_vnni)),
+            GgmlType::Q4_1 => Some((lg::q4_1, lg::q4_1_vnni)),
+            GgmlType::Q5_0 => Some((lg::q5_0, lg::q5_0_vnni)),
+            GgmlType::Q5_1 => Some((lg::q5_1, lg::q5_1_vnni)),
+            GgmlType::Q8_0 => Some((lg::q8_0, lg::q8_0_vnni)),
+            GgmlType::IQ4_NL => Some((lg::iq4_nl, lg::iq4_nl_vnni)),
+            _ => None,
+        };
+        let f: traits::MatrixFn = match (legacy, ty, acts.count <= 2, vnni) {
+            (Some((avx2, _)), _, _, false) => avx2,
+            (Some((_, with_vnni)), _, _, true) => with_vnni,
+            (None, GgmlType::Q6_K, true, _) => il::q6_k,
+            (None, _, true, _) => il::q4_k,
+            (None, GgmlType::Q6_K, false, false) => il::q6_k_many,
+            (None, GgmlType::Q6_K, false, true) => il::q6_k_many_vnni,
+            (None, _, false, false) => il::q4_k_many,
+            (None, _, false, true) => il::q4_k_many_vnni,
         };
         for_passes(&acts, alen, |j0, rows| {
             // SAFETY: `check_isa` proved the CPU runs `isa` (AVX2 and more); the rows, the
@@ -729,7 +743,7 @@ pub fn vec_dot_matrix_interleaved_at(
         if buf.len() < chunk {
             buf.resize(chunk, 0);
         }
-        let group = GROUP_ROWS * wlen;
+        let group = group_rows * wlen;
         for (c, part) in w.data[..w.count * wlen].chunks(chunk).enumerate() {
             let rows = &mut buf[..part.len()];
             for (g, dst) in part.chunks_exact(group).zip(rows.chunks_exact_mut(group)) {

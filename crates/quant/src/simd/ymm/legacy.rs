@@ -23,13 +23,38 @@ use crate::iq4::KVALUES_IQ4NL;
 use crate::simd::avx2::f16c;
 
 /// Blocks of a legacy format unpacked at a time.
-const LCHUNK: usize = 16;
+pub(super) const LCHUNK: usize = 16;
 
 /// Legacy weights for 8 rows: 8 registers of quants per block, the scale and the minimum.
 pub(crate) struct LegacyP {
-    q: [[__m256i; 8]; LCHUNK],
-    d: [__m256; LCHUNK],
-    m: [__m256; LCHUNK],
+    pub(super) q: [[__m256i; 8]; LCHUNK],
+    pub(super) d: [__m256; LCHUNK],
+    pub(super) m: [__m256; LCHUNK],
+}
+
+/// Where a block's quants are read, 4 bytes of each of 8 rows at a time: the transposed chunk, or
+/// a group block of the interleaved layout (`crate::interleave`).
+pub(crate) trait DwSrc {
+    /// The 4 bytes at byte offset `off` (even) of every row.
+    unsafe fn dw(&self, off: usize) -> __m256i;
+}
+
+impl DwSrc for TChunk {
+    #[inline(always)]
+    unsafe fn dw(&self, off: usize) -> __m256i {
+        TChunk::dw(self, off)
+    }
+}
+
+/// The dwords after the header of an interleaved group block: dword `k` of rows 0..7 at `32k`.
+pub(crate) struct GroupDw(pub(super) *const u8);
+
+impl DwSrc for GroupDw {
+    #[inline(always)]
+    unsafe fn dw(&self, off: usize) -> __m256i {
+        debug_assert_eq!(off % 4, 0);
+        _mm256_loadu_si256(self.0.add(8 * off).cast())
+    }
 }
 
 /// How the quants of a format enter the integer sum.
@@ -49,6 +74,12 @@ pub(crate) enum Kind {
 pub(crate) trait Legacy {
     const WB: usize;
     const KIND: Kind;
+    /// Bytes of the block's header: `d` (2), and `m` for type 1 (4).
+    const HB: usize = if matches!(Self::KIND, Kind::Type1) {
+        4
+    } else {
+        2
+    };
     /// The offset of [`Kind::Offset`] quants.
     const OFFSET: i32 = 0;
     /// How many products of two quants add up in i16 without overflow (`vpmaddubsw` pairs of
@@ -57,7 +88,30 @@ pub(crate) trait Legacy {
     /// Quants per byte in the one-token stream ([`L::period`]): 2 (nibbles) or 1 (bytes); 0 where
     /// the format has none (Q5_0 / Q5_1: their fifth bits lie apart from their nibbles).
     const STREAM_Q: usize = 0;
-    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m256i; 8]) -> (__m256, __m256);
+    /// The quants of the block whose bytes after the header start at `o` of `src`.
+    unsafe fn quants<S: DwSrc>(src: &S, o: usize, q: &mut [__m256i; 8]);
+    /// The block at `o` of the transposed chunk: quants, scale and (type 1) minimum.
+    #[inline(always)]
+    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m256i; 8]) -> (__m256, __m256) {
+        Self::quants(src, o + Self::HB, q);
+        if Self::HB == 4 {
+            halves_f32(src.dw(o))
+        } else {
+            (low_f32(src.dw(o)), _mm256_setzero_ps())
+        }
+    }
+    /// The block of 8 rows at `g`, a group block of the interleaved layout (`crate::interleave`):
+    /// the same registers as [`Legacy::unpack`] of the same rows' blocks in the file's layout.
+    #[inline(always)]
+    unsafe fn unpack_group(g: *const u8, q: &mut [__m256i; 8]) -> (__m256, __m256) {
+        Self::quants(&GroupDw(g.add(8 * Self::HB)), 0, q);
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(g.cast()));
+        if Self::HB == 4 {
+            (d, _mm256_cvtph_ps(_mm_loadu_si128(g.add(16).cast())))
+        } else {
+            (d, _mm256_setzero_ps())
+        }
+    }
     /// The one-token stream's quants of a window of 4 bytes per row: the low nibbles' values (or
     /// the bytes) and the high nibbles' values (unused for bytes).
     #[inline(always)]
@@ -120,7 +174,7 @@ unsafe fn qh_bits(qh: __m256i, k: usize) -> __m256i {
 
 /// Q4_0 / IQ4_NL nibbles of the block at `o` (quants at `o + qs`).
 #[inline(always)]
-unsafe fn nibbles(src: &TChunk, o: usize, q: &mut [__m256i; 8]) {
+unsafe fn nibbles<S: DwSrc>(src: &S, o: usize, q: &mut [__m256i; 8]) {
     for k in 0..4 {
         let g = src.dw(o + 4 * k);
         q[k] = nib_lo(g);
@@ -130,7 +184,7 @@ unsafe fn nibbles(src: &TChunk, o: usize, q: &mut [__m256i; 8]) {
 
 /// Q5_0 / Q5_1: nibbles at `o + 4` with the fifth bits of the `qh` dword at `o`.
 #[inline(always)]
-unsafe fn nibbles5(src: &TChunk, o: usize, q: &mut [__m256i; 8]) {
+unsafe fn nibbles5<S: DwSrc>(src: &S, o: usize, q: &mut [__m256i; 8]) {
     let qh = src.dw(o);
     nibbles(src, o + 4, q);
     for k in 0..4 {
@@ -146,9 +200,8 @@ impl Legacy for Q4_0 {
     const OFFSET: i32 = 8;
     const G: usize = 8;
     #[inline(always)]
-    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m256i; 8]) -> (__m256, __m256) {
-        nibbles(src, o + 2, q);
-        (low_f32(src.dw(o)), _mm256_setzero_ps())
+    unsafe fn quants<S: DwSrc>(src: &S, o: usize, q: &mut [__m256i; 8]) {
+        nibbles(src, o, q);
     }
 }
 
@@ -158,9 +211,8 @@ impl Legacy for Q4_1 {
     const KIND: Kind = Kind::Type1;
     const G: usize = 8;
     #[inline(always)]
-    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m256i; 8]) -> (__m256, __m256) {
-        nibbles(src, o + 4, q);
-        halves_f32(src.dw(o))
+    unsafe fn quants<S: DwSrc>(src: &S, o: usize, q: &mut [__m256i; 8]) {
+        nibbles(src, o, q);
     }
 }
 
@@ -170,9 +222,8 @@ impl Legacy for Q5_0 {
     const OFFSET: i32 = 16;
     const G: usize = 4;
     #[inline(always)]
-    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m256i; 8]) -> (__m256, __m256) {
-        nibbles5(src, o + 2, q);
-        (low_f32(src.dw(o)), _mm256_setzero_ps())
+    unsafe fn quants<S: DwSrc>(src: &S, o: usize, q: &mut [__m256i; 8]) {
+        nibbles5(src, o, q);
     }
 }
 
@@ -181,9 +232,8 @@ impl Legacy for Q5_1 {
     const KIND: Kind = Kind::Type1;
     const G: usize = 4;
     #[inline(always)]
-    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m256i; 8]) -> (__m256, __m256) {
-        nibbles5(src, o + 4, q);
-        halves_f32(src.dw(o))
+    unsafe fn quants<S: DwSrc>(src: &S, o: usize, q: &mut [__m256i; 8]) {
+        nibbles5(src, o, q);
     }
 }
 
@@ -196,11 +246,10 @@ impl Legacy for Q8_0 {
     const WB: usize = 34;
     const KIND: Kind = Kind::Signed;
     #[inline(always)]
-    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m256i; 8]) -> (__m256, __m256) {
+    unsafe fn quants<S: DwSrc>(src: &S, o: usize, q: &mut [__m256i; 8]) {
         for (k, qk) in q.iter_mut().enumerate() {
-            *qk = src.dw(o + 2 + 4 * k);
+            *qk = src.dw(o + 4 * k);
         }
-        (low_f32(src.dw(o)), _mm256_setzero_ps())
     }
 }
 
@@ -217,13 +266,12 @@ impl Legacy for Iq4Nl {
     const WB: usize = 18;
     const KIND: Kind = Kind::Signed;
     #[inline(always)]
-    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m256i; 8]) -> (__m256, __m256) {
+    unsafe fn quants<S: DwSrc>(src: &S, o: usize, q: &mut [__m256i; 8]) {
         let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
-        nibbles(src, o + 2, q);
+        nibbles(src, o, q);
         for qk in q.iter_mut() {
             *qk = _mm256_shuffle_epi8(table, *qk);
         }
-        (low_f32(src.dw(o)), _mm256_setzero_ps())
     }
 }
 
@@ -246,7 +294,7 @@ impl<W: Legacy> L<W> {
     /// One block (quants `w`, scale `dx`, minimum `mx` of 8 rows) against `T` tokens (`a[t]`,
     /// `q[t]`: the token's block).
     #[inline(always)]
-    unsafe fn block<D: Dp, const T: usize>(
+    pub(super) unsafe fn block<D: Dp, const T: usize>(
         w: &[__m256i; 8],
         dx: __m256,
         mx: __m256,

@@ -28,6 +28,7 @@ pub(crate) mod floats;
 pub(crate) mod interleaved;
 pub(crate) mod kquants;
 pub(crate) mod legacy;
+pub(crate) mod legacy_groups;
 pub(crate) mod rows;
 
 /// Weight rows per register.

@@ -1,0 +1,160 @@
+//! The legacy formats over their interleaved layout (`crate::interleave`): groups of 8 rows whose
+//! blocks already sit as the 8-lane kernels of `legacy.rs` hold them, dword `k` of row `r` in lane
+//! `r` of one 32-byte load.
+//!
+//! The file's rows make a one-token product either transpose 16-byte windows of 8 rows in
+//! registers (the stream of `legacy.rs`) or copy them through the transposed chunk; a group is
+//! read with plain loads, each register once, front to back. One or two tokens use each unpacked
+//! block in registers; more go through the unpacked chunk and `super::steps`, as the file's rows
+//! do. Every block meets the same registers and the same operations as on the file's layout
+//! (`L::block`), so the results are the same bits.
+
+use std::arch::x86_64::*;
+
+use super::legacy::{Iq4Nl, Legacy, LegacyP, LegacyQ, L, LCHUNK, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::{act_ptrs, regions, steps, store, Dp, Fmt, Madd, VexVnni, LANES, SCRATCH};
+use crate::interleave::LEGACY_GROUP_ROWS;
+use crate::simd::Rows;
+
+/// Bytes ahead of the block being read that the one-token kernel prefetches (into L1). Reading
+/// 131072 × 576 Q4_1 / Q8_0 from memory on Zen 3, one thread, GB/s, two runs each (a noisy host):
+/// none 17.1, 13.7 / 13.5, 12.6; 1024 bytes 13.2, 17.2 / 13.8, 16.7; 2048 19.7, 19.0 / 14.1, 16.1;
+/// 4096 22.9, 20.8 / 16.3, 17.9.
+const AHEAD: usize = 4096;
+
+/// `T` tokens (1 or 2) against the group at `g` (`nb` blocks), each block unpacked once in
+/// registers.
+#[inline(always)]
+unsafe fn few<W: Legacy, D: Dp, const T: usize>(
+    g: *const u8,
+    nb: usize,
+    a: &[*const u8],
+    q: *const LegacyQ,
+    acc: &mut [__m256],
+    accm: &mut [__m256],
+) {
+    let gb = LANES * W::WB;
+    let (mut ac, mut am) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
+    for b in 0..nb {
+        let blk = g.add(b * gb);
+        // One line per 64 bytes of the group, `AHEAD` bytes on (a block is 144 to 272 bytes).
+        let ahead = blk.wrapping_add(AHEAD);
+        let mut o = 0;
+        while o < gb {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(o).cast());
+            o += 64;
+        }
+        let mut w = [_mm256_setzero_si256(); 8];
+        let (d, m) = W::unpack_group(blk, &mut w);
+        let ab: [*const u8; T] = std::array::from_fn(|t| a[t].add(b * <L<W> as Fmt>::AB));
+        let qb: [*const LegacyQ; T] = std::array::from_fn(|t| q.add(t * nb + b));
+        L::<W>::block::<D, T>(&w, d, m, &ab, &qb, &mut ac, &mut am);
+    }
+    acc[..T].copy_from_slice(&ac);
+    accm[..T].copy_from_slice(&am);
+}
+
+/// Every row of `w` (whole groups of 8 interleaved rows) against the `acts` (at most `PASS`):
+/// element (row `i`, token `j`) to `out[j * tok_stride + i * row_stride]`.
+#[inline(always)]
+unsafe fn run<W: Legacy, D: Dp>(
+    n: usize,
+    w: &Rows,
+    acts: &[&[u8]],
+    out: &mut [f32],
+    tok_stride: usize,
+    row_stride: usize,
+) {
+    const { assert!(LEGACY_GROUP_ROWS == LANES) };
+    let nb = n / 32;
+    let nt = acts.len();
+    let a = act_ptrs(acts, nb * <L<W> as Fmt>::AB);
+    // SAFETY: as in `super::run`: the thread's own scratch, used by nothing else while this call
+    // runs.
+    let s = &mut *SCRATCH.with(|s| s.get());
+    let qwords = (nt * nb * std::mem::size_of::<LegacyQ>()).div_ceil(8);
+    if s.prep.len() < qwords {
+        s.prep.resize(qwords, 0);
+    }
+    let (p, _, acc, accm) = regions::<LegacyP>(&mut s.regs);
+    // SAFETY: `prep` holds nt * nb values of `LegacyQ` (8-byte aligned, at most 8-aligned), valid
+    // for any bit pattern.
+    let q = s.prep.as_mut_ptr().cast::<LegacyQ>();
+    for j in 0..nt {
+        for b in 0..nb {
+            <L<W> as Fmt>::prep(a[j].add(b * <L<W> as Fmt>::AB), &mut *q.add(j * nb + b));
+        }
+    }
+    let gb = LANES * W::WB;
+    let groups = w.count / LANES;
+    assert!(w.data.len() >= groups * nb * gb);
+    for g in 0..groups {
+        let gp = w.data.as_ptr().add(g * nb * gb);
+        match nt {
+            1 => few::<W, D, 1>(gp, nb, &a, q, acc, accm),
+            2 => few::<W, D, 2>(gp, nb, &a, q, acc, accm),
+            _ => {
+                acc[..nt].fill(_mm256_setzero_ps());
+                accm[..nt].fill(_mm256_setzero_ps());
+                let mut c0 = 0;
+                while c0 < nb {
+                    let cn = (nb - c0).min(LCHUNK);
+                    for b in 0..cn {
+                        let (d, m) = W::unpack_group(gp.add((c0 + b) * gb), &mut p.q[b]);
+                        (p.d[b], p.m[b]) = (d, m);
+                    }
+                    steps::<L<W>, D>(p, cn, c0, nb, &a, q, nt, acc, accm);
+                    c0 += cn;
+                }
+            }
+        }
+        let idx: [usize; LANES] = std::array::from_fn(|l| g * LANES + l);
+        store::<L<W>>(acc, accm, nt, &idx, out, tok_stride, row_stride);
+    }
+}
+
+/// The AVX2 and AVX-VNNI entry points of one format over interleaved rows (see
+/// `crate::traits::MatrixFn`; `w.count` whole groups of 8 rows, back to back).
+macro_rules! group_entries {
+    ($W:ty, $avx2:ident, $vnni:ident) => {
+        /// The AVX2 kernel of one weight type over interleaved rows.
+        ///
+        /// # Safety
+        /// As `crate::traits::MatrixFn`, with AVX2, FMA and F16C; whole groups of 8 rows.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(crate) unsafe fn $avx2(
+            n: usize,
+            w: &Rows,
+            acts: &[&[u8]],
+            out: &mut [f32],
+            ts: usize,
+            rs: usize,
+        ) {
+            run::<$W, Madd>(n, w, acts, out, ts, rs)
+        }
+
+        /// The AVX-VNNI kernel of one weight type over interleaved rows.
+        ///
+        /// # Safety
+        /// As `crate::traits::MatrixFn`, with AVX2, FMA, F16C and AVX-VNNI; whole groups of 8
+        /// rows.
+        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+        pub(crate) unsafe fn $vnni(
+            n: usize,
+            w: &Rows,
+            acts: &[&[u8]],
+            out: &mut [f32],
+            ts: usize,
+            rs: usize,
+        ) {
+            run::<$W, VexVnni>(n, w, acts, out, ts, rs)
+        }
+    };
+}
+
+group_entries!(Q4_0, q4_0, q4_0_vnni);
+group_entries!(Q4_1, q4_1, q4_1_vnni);
+group_entries!(Q5_0, q5_0, q5_0_vnni);
+group_entries!(Q5_1, q5_1, q5_1_vnni);
+group_entries!(Q8_0, q8_0, q8_0_vnni);
+group_entries!(Iq4Nl, iq4_nl, iq4_nl_vnni);
