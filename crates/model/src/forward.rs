@@ -72,6 +72,7 @@ pub struct Scratch {
     out_rows: Vec<usize>, // [T] batch rows whose logits are wanted
     attn_scratch: AttnScratch, // attention's task lists and chunk states
     logits: Vec<f32>,    // [T, n_vocab]
+    embd_row: Vec<u8>,   // one token embedding row, in the file's layout, where it is interleaved
 }
 
 impl Scratch {
@@ -117,6 +118,7 @@ impl Scratch {
             out_rows: Vec::with_capacity(t),
             attn_scratch: AttnScratch::default(),
             logits: vec![0.0; t * c.n_vocab],
+            embd_row: Vec::new(),
         }
     }
 
@@ -186,7 +188,7 @@ impl Model {
         let (d, half) = (c.n_embd, c.rope().n_rot / 2);
 
         for (t, &tok) in batch.tokens.iter().enumerate() {
-            let row = self.tok_embd.row(0, tok as usize);
+            let row = self.tok_embd.read_row(0, tok as usize, &mut s.embd_row);
             let x = &mut s.x[t * d..(t + 1) * d];
             dequantize_row(self.tok_embd.ty, row, x).expect("checked at load");
             if c.embd_scale != 1.0 {

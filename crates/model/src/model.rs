@@ -185,19 +185,22 @@ impl Model {
 }
 
 /// Rewrites, in place, the matrices whose rows have an interleaved layout with kernels at
-/// [`kernel_isa`] (Q4_K and Q6_K on AVX2: `hearth_quant::interleave`) into that layout, unless
-/// `HEARTH_INTERLEAVE=0`: a one-token product then shares each scale multiply among four rows
-/// (Q4_K one thread, 2048 × 768 in cache on Zen 1: 14.0 GB/s against 8.9), and products of many
-/// tokens read the groups as fast as the file's rows. The bytes take the
-/// same room, so there is no second copy; the products give the same bits. Only a file read
-/// into memory can be rewritten; a mapped one is left as it is. The token embeddings, read a
-/// row at a time, are never rewritten. Returns how many tensors were.
+/// [`kernel_isa`] (Q4_K, Q6_K and the legacy formats on AVX2: `hearth_quant::interleave`) into
+/// that layout, unless `HEARTH_INTERLEAVE=0`: a one-token product then reads each register once
+/// (Q4_K shares each scale multiply among four rows: one thread, 2048 × 768 in cache on Zen 1,
+/// 14.0 GB/s against 8.9; Q4_1 and Q8_0 need no transpose: 1536 × 576 on Zen 3, 35.9 and 47.3
+/// GB/s against 19.5 and 23.7), and products of many tokens read the groups at least as fast as
+/// the file's rows. The bytes take the same room, so there is no second copy; the products give
+/// the same bits. Only a file read into memory can be rewritten; a mapped one is left as it is.
+/// The token embeddings are rewritten only where they are also the LM head (tied): their lookups
+/// then copy a row out of its group (`Weight::read_row`). Returns how many tensors were.
 pub(crate) fn interleave_weights(gguf: &mut Gguf) -> Result<usize, ModelError> {
     if std::env::var_os("HEARTH_INTERLEAVE").is_some_and(|v| v == "0") {
         return Ok(0);
     }
     let isa = kernel_isa();
     let embd = TensorRole::TokenEmbd.name(0);
+    let tied = gguf.tensor(&TensorRole::Output.name(0)).is_none();
     Ok(gguf.rewrite_tensors(&mut |t, bytes| {
         let (Some(&cols), Some(&rows)) = (t.dims.first(), t.dims.get(1)) else {
             return false;
@@ -205,7 +208,7 @@ pub(crate) fn interleave_weights(gguf: &mut Gguf) -> Result<usize, ModelError> {
         let (Ok(cols), Ok(rows)) = (usize::try_from(cols), usize::try_from(rows)) else {
             return false;
         };
-        t.name != embd
+        (tied || t.name != embd)
             && interleaved_kernels(isa, t.ty)
             && can_interleave(t.ty, rows, cols)
             && interleave(t.ty, cols, bytes)

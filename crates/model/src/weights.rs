@@ -1,6 +1,7 @@
 //! Weights bound onto the mmap: one [`Weight`] per matrix (or stack of expert matrices), one
 //! [`Layer`] per block with its optional parts as `Option`s and its FFN as an enum.
 
+use hearth_quant::interleave::{group_rows, interleaved_row};
 use hearth_quant::{vec_dot_matrix, vec_dot_matrix_interleaved, GgmlType, Rows};
 
 /// A matrix (or a stack of `n_mat` matrices) of quantized rows, viewed zero-copy in the mmap.
@@ -20,7 +21,7 @@ pub struct Weight {
     pub n_mat: usize,
     /// Bytes of one row.
     pub row_bytes: usize,
-    /// The rows are laid out four at a time for the interleaved kernels
+    /// The rows are laid out in groups (of 4 or 8) for the interleaved kernels
     /// (`hearth_quant::interleave`), rewritten at load; products give the same bits either way.
     interleaved: bool,
     ptr: *const u8,
@@ -75,7 +76,20 @@ impl Weight {
         &self.bytes()[start..start + self.row_bytes]
     }
 
-    /// Whether the rows were laid out four at a time at load (`hearth_quant::interleave`).
+    /// Row `r` of matrix `mat` in the file's layout, whatever the rows' layout: borrowed, or
+    /// copied out of its interleaved group into `buf`.
+    pub fn read_row<'a>(&'a self, mat: usize, r: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {
+        if !self.interleaved {
+            return self.row(mat, r);
+        }
+        let rb = self.row_bytes;
+        let matrix = &self.bytes()[mat * self.rows * rb..(mat + 1) * self.rows * rb];
+        buf.resize(rb, 0);
+        interleaved_row(self.ty, self.cols, matrix, r, buf);
+        buf
+    }
+
+    /// Whether the rows were laid out in groups at load (`hearth_quant::interleave`).
     pub fn interleaved(&self) -> bool {
         self.interleaved
     }
@@ -84,8 +98,8 @@ impl Weight {
     /// `j`) to `out[j * out_stride + i]`, as [`vec_dot_matrix`], whatever the rows' layout.
     ///
     /// # Panics
-    /// As [`vec_dot_matrix`], and for interleaved rows if `r0` or `r1` is not a multiple of
-    /// four (a group would be cut).
+    /// As [`vec_dot_matrix`], and for interleaved rows if `r0` or `r1` is not a multiple of the
+    /// type's group rows (a group would be cut).
     #[inline]
     pub fn product(
         &self,
@@ -100,9 +114,10 @@ impl Weight {
         let base = mat * self.rows;
         let rows = Rows::packed(&self.bytes()[(base + r0) * rb..(base + r1) * rb], rb);
         if self.interleaved {
+            let g = group_rows(self.ty);
             assert!(
-                r0.is_multiple_of(4) && r1.is_multiple_of(4),
-                "{}: rows {r0}..{r1} cut a group of 4",
+                r0.is_multiple_of(g) && r1.is_multiple_of(g),
+                "{}: rows {r0}..{r1} cut a group of {g}",
                 self.name
             );
             vec_dot_matrix_interleaved(self.ty, self.cols, rows, acts, out, out_stride);

@@ -174,8 +174,9 @@ fn assert_model_invariant(name: &str, model: &Model) {
     }
 }
 
-/// Read into memory, the Q4_K and Q6_K matrices are laid out four rows at a time at load where
-/// this CPU's kernels have that layout (`hearth_quant::interleave`): the logits are the same bits
+/// Read into memory, the Q4_K and Q6_K matrices are laid out four rows at a time, those of the
+/// legacy formats (Q4_0, Q4_1, Q5_1, Q8_0, IQ4_NL here) eight, at load where this CPU's kernels
+/// have that layout (`hearth_quant::interleave`): the logits are the same bits
 /// as from the mapped file's rows, and stay batch invariant. Where the native kernels have no such
 /// layout (AVX-512) but the CPU runs AVX2, the test runs again in a child process capped at AVX2,
 /// so every CI machine checks the interleaved model.
@@ -201,7 +202,15 @@ fn interleaved_weights_give_the_files_logits() {
         );
         assert!(text.contains("interleaved Q6_K"), "{text}");
     }
-    for name in ["tiny-qwen3moe.q4_k_m.gguf", "tiny-llama3.q4_k_m.gguf"] {
+    for name in [
+        "tiny-qwen3moe.q4_k_m.gguf",
+        "tiny-llama3.q4_k_m.gguf",
+        "tiny-qwen2.q4_1.gguf",
+        "tiny-qwen2.q5_1.gguf",
+        "tiny-qwen3moe.q8_0.gguf",
+        "tiny-qwen3.q4_0.gguf",
+        "tiny-qwen3.iq4_nl.gguf",
+    ] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../../shared/fixtures")
             .join(name);

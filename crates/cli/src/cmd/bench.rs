@@ -283,7 +283,7 @@ struct Report {
     weights_resident: bool,
     /// Of the weights' mapping, the bytes on transparent huge pages (`None`: unknown here).
     weights_huge_page_bytes: Option<u64>,
-    /// Matrices laid out four rows at a time at load (`hearth_quant::interleave`).
+    /// Matrices laid out in groups of 4 or 8 rows at load (`hearth_quant::interleave`).
     weights_interleaved: usize,
     results: Vec<Test>,
 }
@@ -414,7 +414,7 @@ impl Report {
         });
         let interleaved = match self.weights_interleaved {
             0 => String::new(),
-            n => format!("; {n} matrices laid out 4 rows at a time"),
+            n => format!("; {n} matrices laid out in groups of rows"),
         };
         println!("weights: {}{huge}{interleaved}", self.weights);
     }

@@ -459,7 +459,7 @@ impl ModelArgs {
         let interleaved = model.gguf().n_rewritten();
         if interleaved > 0 {
             tracing::info!(
-                "weights: {interleaved} matrices laid out 4 rows at a time for the {} kernels",
+                "weights: {interleaved} matrices laid out in groups of rows for the {} kernels",
                 hearth_quant::kernel_isa()
             );
         }
