@@ -175,43 +175,35 @@ pub fn interleaved_row(ty: GgmlType, cols: usize, data: &[u8], r: usize, dst: &m
     dst.copy_from_slice(&rows[r % n * rb..(r % n + 1) * rb]);
 }
 
-/// One group of the legacy layout in `dst` from 8 rows of `nb` blocks of `WB` bytes in `src`,
-/// each block a header of `HB` bytes (`d`, type 1 also `m`) and dwords after it.
-fn legacy_group<const HB: usize, const WB: usize>(src: &[u8], nb: usize, dst: &mut [u8]) {
+/// The pieces of a legacy group of 8 rows of `nb` blocks of `WB` bytes, each block a header of
+/// `HB` bytes (`d`, type 1 also `m`) and dwords after it: `f(at in the rows, at in the group,
+/// length)` for each f16 field and dword.
+fn legacy_pieces<const HB: usize, const WB: usize>(
+    nb: usize,
+    mut f: impl FnMut(usize, usize, usize),
+) {
     const R: usize = LEGACY_GROUP_ROWS;
-    let rb = nb * WB;
     for b in 0..nb {
-        let o = &mut dst[b * R * WB..(b + 1) * R * WB];
         for r in 0..R {
-            let x = &src[r * rb + b * WB..][..WB];
+            let (x, o) = (r * nb * WB + b * WB, b * R * WB);
             for h in 0..HB / 2 {
-                o[16 * h + 2 * r..16 * h + 2 * r + 2].copy_from_slice(&x[2 * h..2 * h + 2]);
+                f(x + 2 * h, o + 16 * h + 2 * r, 2);
             }
             for k in 0..(WB - HB) / 4 {
-                let at = 8 * HB + 32 * k + 4 * r;
-                o[at..at + 4].copy_from_slice(&x[HB + 4 * k..HB + 4 * k + 4]);
+                f(x + HB + 4 * k, o + 8 * HB + 32 * k + 4 * r, 4);
             }
         }
     }
 }
 
+/// One group of the legacy layout in `dst` from its 8 rows in `src` ([`legacy_pieces`]).
+fn legacy_group<const HB: usize, const WB: usize>(src: &[u8], nb: usize, dst: &mut [u8]) {
+    legacy_pieces::<HB, WB>(nb, |x, o, n| dst[o..o + n].copy_from_slice(&src[x..x + n]));
+}
+
 /// The inverse of [`legacy_group`].
 fn legacy_ungroup<const HB: usize, const WB: usize>(src: &[u8], nb: usize, dst: &mut [u8]) {
-    const R: usize = LEGACY_GROUP_ROWS;
-    let rb = nb * WB;
-    for b in 0..nb {
-        let o = &src[b * R * WB..(b + 1) * R * WB];
-        for r in 0..R {
-            let x = &mut dst[r * rb + b * WB..][..WB];
-            for h in 0..HB / 2 {
-                x[2 * h..2 * h + 2].copy_from_slice(&o[16 * h + 2 * r..16 * h + 2 * r + 2]);
-            }
-            for k in 0..(WB - HB) / 4 {
-                let at = 8 * HB + 32 * k + 4 * r;
-                x[HB + 4 * k..HB + 4 * k + 4].copy_from_slice(&o[at..at + 4]);
-            }
-        }
-    }
+    legacy_pieces::<HB, WB>(nb, |x, o, n| dst[x..x + n].copy_from_slice(&src[o..o + n]));
 }
 
 /// One group of the interleaved layout in `dst`, from four Q4_K rows of `nb` super-blocks in `src`.
