@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::legacy::{Iq4Nl, Legacy, LegacyP, LegacyQ, L, LCHUNK, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::{act_ptrs, regions, steps, store, Dp, Fmt, Madd, VexVnni, LANES, SCRATCH};
+use super::{act_ptrs, prepare, regions, steps, store, Dp, Fmt, Madd, VexVnni, LANES, SCRATCH};
 use crate::interleave::LEGACY_GROUP_ROWS;
 use crate::simd::Rows;
 
@@ -72,19 +72,8 @@ unsafe fn run<W: Legacy, D: Dp>(
     // SAFETY: as in `super::run`: the thread's own scratch, used by nothing else while this call
     // runs.
     let s = &mut *SCRATCH.with(|s| s.get());
-    let qwords = (nt * nb * std::mem::size_of::<LegacyQ>()).div_ceil(8);
-    if s.prep.len() < qwords {
-        s.prep.resize(qwords, 0);
-    }
+    let q = prepare::<L<W>>(&mut s.prep, &a, nt, nb);
     let (p, _, acc, accm) = regions::<LegacyP>(&mut s.regs);
-    // SAFETY: `prep` holds nt * nb values of `LegacyQ` (8-byte aligned, at most 8-aligned), valid
-    // for any bit pattern.
-    let q = s.prep.as_mut_ptr().cast::<LegacyQ>();
-    for j in 0..nt {
-        for b in 0..nb {
-            <L<W> as Fmt>::prep(a[j].add(b * <L<W> as Fmt>::AB), &mut *q.add(j * nb + b));
-        }
-    }
     let gb = LANES * W::WB;
     let groups = w.count / LANES;
     assert!(w.data.len() >= groups * nb * gb);

@@ -442,6 +442,34 @@ unsafe fn regions<P>(
     )
 }
 
+/// Every activation block of the `nt` tokens at `a` (rows of `nb` blocks) prepared into `prep`
+/// (grown as needed): token `j`'s block `b` at index `j * nb + b` of the returned pointer.
+///
+/// # Safety
+/// `a[..nt]` point to rows of `nb` activation blocks of `F`.
+#[inline(always)]
+unsafe fn prepare<F: Fmt>(
+    prep: &mut Vec<u64>,
+    a: &[*const u8; PASS],
+    nt: usize,
+    nb: usize,
+) -> *const F::Q {
+    const { assert!(std::mem::align_of::<F::Q>() <= 8) };
+    let qwords = (nt * nb * std::mem::size_of::<F::Q>()).div_ceil(8);
+    if prep.len() < qwords {
+        prep.resize(qwords, 0);
+    }
+    // SAFETY: `prep` holds nt * nb values of F::Q (8-byte aligned, F::Q at most 8-aligned), valid
+    // for any bit pattern.
+    let q = prep.as_mut_ptr().cast::<F::Q>();
+    for j in 0..nt {
+        for b in 0..nb {
+            F::prep(a[j].add(b * F::AB), &mut *q.add(j * nb + b));
+        }
+    }
+    q
+}
+
 /// An unpacked chunk `p` (blocks `c0..c0 + cn`) against all `nt` tokens, four at a time.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -482,29 +510,15 @@ pub(super) unsafe fn run<F: Fmt, D: Dp>(
     let nb = n / F::BS;
     let nt = acts.len();
     let a = act_ptrs(acts, nb * F::AB);
-    const {
-        assert!(std::mem::size_of::<F::P>() <= P_REGS * 32);
-        assert!(std::mem::align_of::<F::Q>() <= 8);
-    }
+    const { assert!(std::mem::size_of::<F::P>() <= P_REGS * 32) };
     // No closure around the work: it would not inherit the caller's target features, and every
     // intrinsic in it would become a call.
     // SAFETY: the thread's own scratch, used by nothing else while this call runs (kernels do not
     // call each other).
     let s = &mut *SCRATCH.with(|s| s.get());
     {
-        let qwords = (nt * nb * std::mem::size_of::<F::Q>()).div_ceil(8);
-        if s.prep.len() < qwords {
-            s.prep.resize(qwords, 0);
-        }
+        let q = prepare::<F>(&mut s.prep, &a, nt, nb);
         let (p, tc, acc, accm) = regions::<F::P>(&mut s.regs);
-        // SAFETY: `prep` holds nt * nb values of F::Q (8-byte aligned, F::Q at most 8-aligned),
-        // valid for any bit pattern.
-        let q = s.prep.as_mut_ptr().cast::<F::Q>();
-        for j in 0..nt {
-            for blk in 0..nb {
-                F::prep(a[j].add(blk * F::AB), &mut *q.add(j * nb + blk));
-            }
-        }
         let per_lane = w.count.div_ceil(LANES);
         if nt == 1 {
             // The first rows of each lane (see `far` below), which wait on one load after another
