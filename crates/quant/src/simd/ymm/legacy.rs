@@ -68,9 +68,9 @@ pub(crate) enum Kind {
     Signed,
 }
 
-/// How a legacy weight block unpacks from the transposed chunk at byte offset `o`: its 32 quants as
-/// 8 dwords (element order `4k..4k + 4` for `k < 4`, `16 + 4(k - 4)..` after), its scale and
-/// (type 1) minimum.
+/// How a legacy weight block unpacks, from the transposed chunk at byte offset `o` or from an
+/// interleaved group block: its 32 quants as 8 dwords (element order `4k..4k + 4` for `k < 4`,
+/// `16 + 4(k - 4)..` after), its scale and (type 1) minimum.
 pub(crate) trait Legacy {
     const WB: usize;
     const KIND: Kind;
@@ -172,7 +172,7 @@ unsafe fn qh_bits(qh: __m256i, k: usize) -> __m256i {
     _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10))
 }
 
-/// Q4_0 / IQ4_NL nibbles of the block at `o` (quants at `o + qs`).
+/// Q4_0 / Q4_1 / IQ4_NL: the 32 nibbles in the 16 bytes at `o`.
 #[inline(always)]
 unsafe fn nibbles<S: DwSrc>(src: &S, o: usize, q: &mut [__m256i; 8]) {
     for k in 0..4 {
