@@ -28,7 +28,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::kquants::{KQuant, K, Q4K, Q6K};
-use super::{act_ptrs, regions, steps, store, Dp, Fmt, Madd, TChunk, VexVnni, LANES, MAX_DW};
+use super::{act_ptrs, regions, steps, store, Dp, Fmt, TChunk, LANES, MAX_DW};
 use crate::block::cast_blocks;
 use crate::interleave::{GROUP_ROWS, Q4_K_GROUP_BLOCK, Q6_K_GROUP_BLOCK, Q6_K_GROUP_QUANTS};
 use crate::k_quants::BlockQ8K;
@@ -724,42 +724,5 @@ unsafe fn run_grouped<W: KQuant + GroupLoad, D: Dp>(
     }
 }
 
-macro_rules! grouped {
-    ($W:ty, $avx2:ident, $vnni:ident) => {
-        /// Interleaved rows of one type against many tokens with AVX2 (see
-        /// `crate::traits::MatrixFn`; `w.count` whole groups, at most `PASS` tokens).
-        ///
-        /// # Safety
-        /// As `crate::traits::MatrixFn`, with AVX2, FMA and F16C.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(crate) unsafe fn $avx2(
-            n: usize,
-            w: &Rows,
-            acts: &[&[u8]],
-            out: &mut [f32],
-            ts: usize,
-            rs: usize,
-        ) {
-            run_grouped::<$W, Madd>(n, w, acts, out, ts, rs)
-        }
-
-        /// As the AVX2 entry, with AVX-VNNI.
-        ///
-        /// # Safety
-        /// As `crate::traits::MatrixFn`, with AVX2, FMA, F16C and AVX-VNNI.
-        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-        pub(crate) unsafe fn $vnni(
-            n: usize,
-            w: &Rows,
-            acts: &[&[u8]],
-            out: &mut [f32],
-            ts: usize,
-            rs: usize,
-        ) {
-            run_grouped::<$W, VexVnni>(n, w, acts, out, ts, rs)
-        }
-    };
-}
-
-grouped!(Q4K, q4_k_many, q4_k_many_vnni);
-grouped!(Q6K, q6_k_many, q6_k_many_vnni);
+super::entries!(run_grouped, Q4K, q4_k_many, q4_k_many_vnni);
+super::entries!(run_grouped, Q6K, q6_k_many, q6_k_many_vnni);

@@ -14,7 +14,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{bcast, bcast_f, halves_f32, low_f32, nib_hi, nib_lo, Dp, Fmt, TChunk, LANES};
+use super::{bcast, bcast_f, halves_f32, low_f32, nib_hi, nib_lo, run, Dp, Fmt, TChunk, LANES};
 use crate::iq4::KVALUES_IQ4NL;
 
 /// Q8_K: `d` (f32) at 0, 256 quants at 4, 16 i16 sums of 16 quants at 260.
@@ -865,9 +865,9 @@ unsafe fn iq4xs_sums<D: Dp, const T: usize>(
     }
 }
 
-super::entries!(K<Q2K>, q2_k, q2_k_vnni, q2_k_avx512);
-super::entries!(K<Q3K>, q3_k, q3_k_vnni, q3_k_avx512);
-super::entries!(K<Q4K>, q4_k, q4_k_vnni);
-super::entries!(K<Q5K>, q5_k, q5_k_vnni);
-super::entries!(K<Q6K>, q6_k, q6_k_vnni);
-super::entries!(K<Iq4Xs>, iq4_xs, iq4_xs_vnni, iq4_xs_avx512);
+super::entries!(run, K<Q2K>, q2_k, q2_k_vnni, q2_k_avx512);
+super::entries!(run, K<Q3K>, q3_k, q3_k_vnni, q3_k_avx512);
+super::entries!(run, K<Q4K>, q4_k, q4_k_vnni);
+super::entries!(run, K<Q5K>, q5_k, q5_k_vnni);
+super::entries!(run, K<Q6K>, q6_k, q6_k_vnni);
+super::entries!(run, K<Iq4Xs>, iq4_xs, iq4_xs_vnni, iq4_xs_avx512);

@@ -18,7 +18,7 @@
 use std::arch::x86_64::*;
 use std::ptr::read_unaligned;
 
-use super::{bcast, halves_f32, load_t4, low_f32, nib_hi, nib_lo, Dp, Fmt, TChunk, LANES};
+use super::{bcast, halves_f32, load_t4, low_f32, nib_hi, nib_lo, run, Dp, Fmt, TChunk, LANES};
 use crate::iq4::KVALUES_IQ4NL;
 use crate::simd::avx2::f16c;
 
@@ -647,9 +647,9 @@ impl<W: Legacy> Fmt for L<W> {
     }
 }
 
-super::entries!(L<Q4_0>, q4_0, q4_0_vnni);
-super::entries!(L<Q4_1>, q4_1, q4_1_vnni);
-super::entries!(L<Q5_0>, q5_0, q5_0_vnni);
-super::entries!(L<Q5_1>, q5_1, q5_1_vnni);
-super::entries!(L<Q8_0>, q8_0, q8_0_vnni);
-super::entries!(L<Iq4Nl>, iq4_nl, iq4_nl_vnni);
+super::entries!(run, L<Q4_0>, q4_0, q4_0_vnni);
+super::entries!(run, L<Q4_1>, q4_1, q4_1_vnni);
+super::entries!(run, L<Q5_0>, q5_0, q5_0_vnni);
+super::entries!(run, L<Q5_1>, q5_1, q5_1_vnni);
+super::entries!(run, L<Q8_0>, q8_0, q8_0_vnni);
+super::entries!(run, L<Iq4Nl>, iq4_nl, iq4_nl_vnni);

@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::legacy::{Iq4Nl, Legacy, LegacyP, LegacyQ, L, LCHUNK, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::{act_ptrs, prepare, regions, steps, store, Dp, Fmt, Madd, VexVnni, LANES, SCRATCH};
+use super::{act_ptrs, prepare, regions, steps, store, Dp, Fmt, LANES, SCRATCH};
 use crate::interleave::LEGACY_GROUP_ROWS;
 use crate::simd::Rows;
 
@@ -102,48 +102,9 @@ unsafe fn run<W: Legacy, D: Dp>(
     }
 }
 
-/// The AVX2 and AVX-VNNI entry points of one format over interleaved rows (see
-/// `crate::traits::MatrixFn`; `w.count` whole groups of 8 rows, back to back).
-macro_rules! group_entries {
-    ($W:ty, $avx2:ident, $vnni:ident) => {
-        /// The AVX2 kernel of one weight type over interleaved rows.
-        ///
-        /// # Safety
-        /// As `crate::traits::MatrixFn`, with AVX2, FMA and F16C; whole groups of 8 rows.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(crate) unsafe fn $avx2(
-            n: usize,
-            w: &Rows,
-            acts: &[&[u8]],
-            out: &mut [f32],
-            ts: usize,
-            rs: usize,
-        ) {
-            run::<$W, Madd>(n, w, acts, out, ts, rs)
-        }
-
-        /// The AVX-VNNI kernel of one weight type over interleaved rows.
-        ///
-        /// # Safety
-        /// As `crate::traits::MatrixFn`, with AVX2, FMA, F16C and AVX-VNNI; whole groups of 8
-        /// rows.
-        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-        pub(crate) unsafe fn $vnni(
-            n: usize,
-            w: &Rows,
-            acts: &[&[u8]],
-            out: &mut [f32],
-            ts: usize,
-            rs: usize,
-        ) {
-            run::<$W, VexVnni>(n, w, acts, out, ts, rs)
-        }
-    };
-}
-
-group_entries!(Q4_0, q4_0, q4_0_vnni);
-group_entries!(Q4_1, q4_1, q4_1_vnni);
-group_entries!(Q5_0, q5_0, q5_0_vnni);
-group_entries!(Q5_1, q5_1, q5_1_vnni);
-group_entries!(Q8_0, q8_0, q8_0_vnni);
-group_entries!(Iq4Nl, iq4_nl, iq4_nl_vnni);
+super::entries!(run, Q4_0, q4_0, q4_0_vnni);
+super::entries!(run, Q4_1, q4_1, q4_1_vnni);
+super::entries!(run, Q5_0, q5_0, q5_0_vnni);
+super::entries!(run, Q5_1, q5_1, q5_1_vnni);
+super::entries!(run, Q8_0, q8_0, q8_0_vnni);
+super::entries!(run, Iq4Nl, iq4_nl, iq4_nl_vnni);

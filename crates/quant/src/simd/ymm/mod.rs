@@ -656,14 +656,16 @@ unsafe fn store<F: Fmt>(
     }
 }
 
-/// The entry points of one format (see `crate::traits::MatrixFn`): plain AVX2, AVX-VNNI and, for
-/// formats without a 512-bit kernel, AVX-512 VNNI on 256-bit registers.
+/// The entry points of one format (see `crate::traits::MatrixFn`) through a driver (`run`, or a
+/// driver over interleaved rows): plain AVX2, AVX-VNNI and, for formats without a 512-bit kernel,
+/// AVX-512 VNNI on 256-bit registers.
 macro_rules! entries {
-    ($F:ty, $avx2:ident, $vnni:ident $(, $avx512:ident)?) => {
+    ($driver:ident, $F:ty, $avx2:ident, $vnni:ident $(, $avx512:ident)?) => {
         /// The AVX2 kernel of one weight type (see `crate::traits::MatrixFn`).
         ///
         /// # Safety
-        /// As `crate::traits::MatrixFn`, with AVX2, FMA and F16C.
+        /// As `crate::traits::MatrixFn` (a driver over interleaved rows: whole groups of rows),
+        /// with AVX2, FMA and F16C.
         #[target_feature(enable = "avx2,fma,f16c")]
         pub(crate) unsafe fn $avx2(
             n: usize,
@@ -673,13 +675,13 @@ macro_rules! entries {
             ts: usize,
             rs: usize,
         ) {
-            $crate::simd::ymm::run::<$F, $crate::simd::ymm::Madd>(n, w, acts, out, ts, rs)
+            $driver::<$F, $crate::simd::ymm::Madd>(n, w, acts, out, ts, rs)
         }
 
         /// The AVX-VNNI kernel of one weight type (see `crate::traits::MatrixFn`).
         ///
         /// # Safety
-        /// As `crate::traits::MatrixFn`, with AVX2, FMA, F16C and AVX-VNNI.
+        /// As the AVX2 kernel, with AVX-VNNI.
         #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
         pub(crate) unsafe fn $vnni(
             n: usize,
@@ -689,7 +691,7 @@ macro_rules! entries {
             ts: usize,
             rs: usize,
         ) {
-            $crate::simd::ymm::run::<$F, $crate::simd::ymm::VexVnni>(n, w, acts, out, ts, rs)
+            $driver::<$F, $crate::simd::ymm::VexVnni>(n, w, acts, out, ts, rs)
         }
 
         $(
@@ -706,7 +708,7 @@ macro_rules! entries {
             ts: usize,
             rs: usize,
         ) {
-            $crate::simd::ymm::run::<$F, $crate::simd::ymm::EvexVnni>(n, w, acts, out, ts, rs)
+            $driver::<$F, $crate::simd::ymm::EvexVnni>(n, w, acts, out, ts, rs)
         }
         )?
     };
