@@ -72,7 +72,7 @@ pub struct Scratch {
     out_rows: Vec<usize>, // [T] batch rows whose logits are wanted
     attn_scratch: AttnScratch, // attention's task lists and chunk states
     logits: Vec<f32>,    // [T, n_vocab]
-    embd_row: Vec<u8>,   // one token embedding row, in the file's layout, where it is interleaved
+    embd_row: Vec<u8>, // a token embedding's group of rows, in the file's layout, where interleaved
 }
 
 impl Scratch {

@@ -77,16 +77,14 @@ impl Weight {
     }
 
     /// Row `r` of matrix `mat` in the file's layout, whatever the rows' layout: borrowed, or
-    /// copied out of its interleaved group into `buf`.
+    /// out of its interleaved group put back into `buf`.
     pub fn read_row<'a>(&'a self, mat: usize, r: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {
         if !self.interleaved {
             return self.row(mat, r);
         }
         let rb = self.row_bytes;
         let matrix = &self.bytes()[mat * self.rows * rb..(mat + 1) * self.rows * rb];
-        buf.resize(rb, 0);
-        interleaved_row(self.ty, self.cols, matrix, r, buf);
-        buf
+        interleaved_row(self.ty, self.cols, matrix, r, buf)
     }
 
     /// Whether the rows were laid out in groups at load (`hearth_quant::interleave`).

@@ -154,25 +154,31 @@ pub(crate) fn ungroup(ty: GgmlType, cols: usize, src: &[u8], dst: &mut [u8]) {
 }
 
 /// Row `r` (of the whole matrix) of `data`, rows of `cols` elements of `ty` rewritten by
-/// [`interleave`], in the file's layout into `dst` (one row's bytes): a lookup of one row, such as
-/// a token's embedding, in a matrix the products read interleaved.
+/// [`interleave`], in the file's layout: a lookup of one row, such as a token's embedding, in a
+/// matrix the products read interleaved. The row's group is put back into `buf` (grown as needed,
+/// so repeated lookups allocate nothing), and the row is returned from it.
 ///
 /// # Panics
-/// If `ty` has no interleaved layout, `cols` is not whole blocks, `dst` is not one row, or the
-/// group of row `r` is not in `data`.
-pub fn interleaved_row(ty: GgmlType, cols: usize, data: &[u8], r: usize, dst: &mut [u8]) {
+/// If `ty` has no interleaved layout, `cols` is not whole blocks, or the group of row `r` is not in
+/// `data`.
+pub fn interleaved_row<'a>(
+    ty: GgmlType,
+    cols: usize,
+    data: &[u8],
+    r: usize,
+    buf: &'a mut Vec<u8>,
+) -> &'a [u8] {
     let (_, f) = group_fns(ty).expect("a type with an interleaved layout");
     assert!(
         cols > 0 && cols % ty.block_size() == 0,
         "{cols} columns of {ty}"
     );
     let rb = cols / ty.block_size() * ty.type_size();
-    assert_eq!(dst.len(), rb, "one row of {cols} columns of {ty}");
     let n = group_rows(ty);
     let group = &data[r / n * n * rb..(r / n + 1) * n * rb];
-    let mut rows = vec![0u8; n * rb];
-    f(group, cols / ty.block_size(), &mut rows);
-    dst.copy_from_slice(&rows[r % n * rb..(r % n + 1) * rb]);
+    buf.resize(n * rb, 0);
+    f(group, cols / ty.block_size(), buf);
+    &buf[r % n * rb..(r % n + 1) * rb]
 }
 
 /// The pieces of a legacy group of 8 rows of `nb` blocks of `WB` bytes, each block a header of
