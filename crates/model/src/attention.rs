@@ -47,8 +47,10 @@ pub(crate) const KEYS: usize = BLOCK;
 
 /// Queries (rows × the query heads of a KV head) a task aims at: each block's keys and values are
 /// converted once per task, so a task of few queries spends its time converting (SmolLM2's 3 heads
-/// per KV head in 16 rows: 12% of a prefill at depth 4096 was that conversion).
-const QUERIES_PER_TASK: usize = 128;
+/// per KV head in 16 rows: 12% of a prefill at depth 4096 was that conversion). 256 rather than
+/// 128: the 64-row attention bench of the 12-layer MoE shape (8 heads per KV head) at depth 4096
+/// 44.9 / 44.2 / 44.3 ms against 45.5 / 45.8 / 46.2, alternating.
+const QUERIES_PER_TASK: usize = 256;
 
 /// Batch rows of one sequence per task, for `group` query heads per KV head: 16 to 64.
 fn rows_per_task(group: usize) -> usize {
@@ -680,7 +682,8 @@ impl BlockRows<'_, '_> {
             }
         };
         // Consecutive rows with the same live keys (all rows but the diagonal's in a
-        // prefill) have consecutive queries: up to four at a time across their heads.
+        // prefill) have consecutive queries: up to four at a time across their heads (six on
+        // AVX2 where the blocks come converted, see `Elem::AVX2_QUERIES`).
         let mut i = 0;
         while i < t1 - t0 {
             let (ks, kc) = live_keys(t0 + i);
@@ -700,11 +703,18 @@ impl BlockRows<'_, '_> {
                         qi,
                     };
                     let st = &mut state[qi * sw..];
-                    qi += match e * hpt - qi {
+                    let most = if self.level == Level::Avx2 {
+                        E::AVX2_QUERIES
+                    } else {
+                        4
+                    };
+                    qi += match (e * hpt - qi).min(most) {
                         1 => heads::<1, E>(self.level, &src, vals, ks..kc, scale, st, sw),
                         2 => heads::<2, E>(self.level, &src, vals, ks..kc, scale, st, sw),
                         3 => heads::<3, E>(self.level, &src, vals, ks..kc, scale, st, sw),
-                        _ => heads::<4, E>(self.level, &src, vals, ks..kc, scale, st, sw),
+                        4 => heads::<4, E>(self.level, &src, vals, ks..kc, scale, st, sw),
+                        5 => heads::<5, E>(self.level, &src, vals, ks..kc, scale, st, sw),
+                        _ => heads::<6, E>(self.level, &src, vals, ks..kc, scale, st, sw),
                     };
                 }
             }
@@ -973,6 +983,13 @@ impl<'a> Vals<'a> {
 /// An element of the keys and values the block kernel reads: f32, or the cache's f16 widened to
 /// f32 as it is loaded (exact, so the same bits as a block converted beforehand).
 trait Elem: Copy {
+    /// Queries the AVX2 block kernel takes at a time (its 16 registers: `2 × N` accumulators,
+    /// the two key or value vectors and a broadcast). Six where blocks come converted to f32
+    /// (prefill: every key and value loaded serves six queries, 12 FMAs per 8 loads; the 64-row
+    /// attention bench of the 12-layer MoE shape at depth 4096 45.4 / 46.8 / 45.9 ms against
+    /// 53.2 / 52.7 / 52.8 with four, alternating); four where the kernel widens f16 as it loads
+    /// (decode: one row's eight heads as six and two took 1.0-1.2 ms against 0.7-1.0).
+    const AVX2_QUERIES: usize;
     /// `x` as f32, through level `S`'s instructions.
     ///
     /// # Safety
@@ -983,6 +1000,7 @@ trait Elem: Copy {
 }
 
 impl Elem for f32 {
+    const AVX2_QUERIES: usize = 6;
     #[inline(always)]
     unsafe fn widen<S: Soft, const W: usize>(x: &[f32; W]) -> [f32; W] {
         *x
@@ -994,6 +1012,7 @@ impl Elem for f32 {
 }
 
 impl Elem for f16 {
+    const AVX2_QUERIES: usize = 4;
     #[inline(always)]
     unsafe fn widen<S: Soft, const W: usize>(x: &[f16; W]) -> [f32; W] {
         // SAFETY: the caller's CPU has `S`'s features.
@@ -1693,14 +1712,14 @@ mod tests {
 
     #[test]
     fn block_kernels_agree_bit_for_bit() {
-        // Every level, one query or four at once, equals the scalar body on one query, bit for
-        // bit; head_dim_v 136 has two full output chunks and a tail, 40 only a tail. Live keys
+        // Every level, one query or two to six at once, equals the scalar body on one query, bit
+        // for bit; head_dim_v 136 has two full output chunks and a tail, 40 only a tail. Live keys
         // from the block's start, and from inside it (a sliding window's first block), within a
         // chunk of 16 lanes and across chunks.
         for (hd, hdv) in [(72, 40), (64, 136)] {
             let kt: Vec<f32> = (0..hd * KEYS).map(|i| ((i as f32) * 0.37).sin()).collect();
             let vals: Vec<f32> = (0..KEYS * hdv).map(|i| ((i as f32) * 0.11).cos()).collect();
-            let qs: Vec<Vec<f32>> = (0..4)
+            let qs: Vec<Vec<f32>> = (0..6)
                 .map(|n| {
                     (0..hd)
                         .map(|i| ((i * (n + 1)) as f32 * 0.7).sin() * 2.0)
@@ -1797,7 +1816,8 @@ mod tests {
                             "level {level}, {sc:?}, keys {ks}..{kc}, {n}"
                         );
                     }
-                    // Three and two at once (GQA groups of 3, 6, ...), as the task loop runs them.
+                    // Two, three, five and six at once (GQA groups of 3, 6, ..., and the AVX2
+                    // level's runs of six queries across rows), as the task loop runs them.
                     let src = Src {
                         pf: None,
                         kt: &kt,
@@ -1806,16 +1826,17 @@ mod tests {
                         hd,
                         qi: 0,
                     };
-                    for m in [2, 3] {
-                        let mut st = vec![0f32; 4 * (hdv + 2)];
+                    for m in [2, 3, 5, 6] {
+                        let mut st = vec![0f32; 6 * (hdv + 2)];
                         for s in st.chunks_exact_mut(hdv + 2) {
                             s[hdv] = f32::NEG_INFINITY;
                         }
                         for _ in 0..2 {
-                            let f = if m == 2 {
-                                heads::<2, f32>
-                            } else {
-                                heads::<3, f32>
+                            let f = match m {
+                                2 => heads::<2, f32>,
+                                3 => heads::<3, f32>,
+                                5 => heads::<5, f32>,
+                                _ => heads::<6, f32>,
                             };
                             let v = Vals::packed(vals, hdv);
                             assert_eq!(f(level, &src, v, ks..kc, sc, &mut st, hdv + 2), m);
