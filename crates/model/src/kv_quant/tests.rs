@@ -347,12 +347,18 @@ fn bench_attention_at_depth() {
             std::env::var("HEARTH_BENCH_KV").map_or(true, |v| v.split(',').any(|n| n == t.name()))
         })
         .collect();
+    // `HEARTH_BENCH_ROWS=1` (a comma list) to time some row counts only.
+    let row_counts: Vec<usize> = std::env::var("HEARTH_BENCH_ROWS").map_or(vec![1, 16], |v| {
+        v.split(',').map(|n| n.parse().unwrap()).collect()
+    });
+    // Every row's own key is cached too (rows at positions `depth..depth + rows`).
+    let len = depth + row_counts.iter().copied().max().unwrap_or(1).max(16);
     let kvs: Vec<KvCache> = types
         .iter()
         .map(|&ty| {
-            let mut kv = KvCache::new(1, layers, depth + 64, kd, vd, ty);
+            let mut kv = KvCache::new(1, layers, len, kd, vd, ty);
             let mut rng = Rng(5);
-            for p in 0..depth + 16 {
+            for p in 0..len {
                 let (k, v) = (rng.row(kd, 2.0), rng.row(vd, 1.0));
                 for l in 0..layers {
                     kv.store(0, l, p, &k, &v);
@@ -363,10 +369,6 @@ fn bench_attention_at_depth() {
         .collect();
     let threads: usize = std::env::var("HEARTH_BENCH_THREADS").map_or(2, |d| d.parse().unwrap());
     let pool = ThreadPool::new(threads);
-    // `HEARTH_BENCH_ROWS=1` (a comma list) to time some row counts only.
-    let row_counts: Vec<usize> = std::env::var("HEARTH_BENCH_ROWS").map_or(vec![1, 16], |v| {
-        v.split(',').map(|n| n.parse().unwrap()).collect()
-    });
     for rows in row_counts {
         let q = rng.row(rows * c.q_dim(), 1.0);
         let pos: Vec<usize> = (0..rows).map(|i| depth + i).collect();
