@@ -168,16 +168,15 @@ pub fn interleaved_row<'a>(
     r: usize,
     buf: &'a mut Vec<u8>,
 ) -> &'a [u8] {
-    let (_, f) = group_fns(ty).expect("a type with an interleaved layout");
     assert!(
-        cols > 0 && cols % ty.block_size() == 0,
+        has_interleaved(ty) && cols > 0 && cols % ty.block_size() == 0,
         "{cols} columns of {ty}"
     );
     let rb = cols / ty.block_size() * ty.type_size();
     let n = group_rows(ty);
     let group = &data[r / n * n * rb..(r / n + 1) * n * rb];
     buf.resize(n * rb, 0);
-    f(group, cols / ty.block_size(), buf);
+    ungroup(ty, cols, group, buf);
     &buf[r % n * rb..(r % n + 1) * rb]
 }
 

@@ -718,15 +718,22 @@ pub fn vec_dot_matrix_interleaved_at(
             GgmlType::IQ4_NL => Some((lg::iq4_nl, lg::iq4_nl_vnni)),
             _ => None,
         };
-        let f: traits::MatrixFn = match (legacy, ty, acts.count <= 2, vnni) {
-            (Some((avx2, _)), _, _, false) => avx2,
-            (Some((_, with_vnni)), _, _, true) => with_vnni,
-            (None, GgmlType::Q6_K, true, _) => il::q6_k,
-            (None, _, true, _) => il::q4_k,
-            (None, GgmlType::Q6_K, false, false) => il::q6_k_many,
-            (None, GgmlType::Q6_K, false, true) => il::q6_k_many_vnni,
-            (None, _, false, false) => il::q4_k_many,
-            (None, _, false, true) => il::q4_k_many_vnni,
+        let f: traits::MatrixFn = match legacy {
+            Some((avx2, with_vnni)) => {
+                if vnni {
+                    with_vnni
+                } else {
+                    avx2
+                }
+            }
+            None => match (ty, acts.count <= 2, vnni) {
+                (GgmlType::Q6_K, true, _) => il::q6_k,
+                (_, true, _) => il::q4_k,
+                (GgmlType::Q6_K, false, false) => il::q6_k_many,
+                (GgmlType::Q6_K, false, true) => il::q6_k_many_vnni,
+                (_, false, false) => il::q4_k_many,
+                (_, false, true) => il::q4_k_many_vnni,
+            },
         };
         for_passes(&acts, alen, |j0, rows| {
             // SAFETY: `check_isa` proved the CPU runs `isa` (AVX2 and more); the rows, the
