@@ -21,6 +21,7 @@ use std::ptr::read_unaligned;
 use super::{bcast, halves_f32, load_t4, low_f32, nib_hi, nib_lo, run, Dp, Fmt, TChunk, LANES};
 use crate::iq4::KVALUES_IQ4NL;
 use crate::simd::avx2::f16c;
+use crate::simd::PASS;
 
 /// Blocks of a legacy format unpacked at a time.
 pub(super) const LCHUNK: usize = 16;
@@ -351,6 +352,93 @@ impl<W: Legacy> L<W> {
             acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t]);
             if W::KIND == Kind::Type1 {
                 accm[t] = _mm256_fmadd_ps(mx, _mm256_set1_ps(f32::from_bits(qt.x)), accm[t]);
+            }
+        }
+    }
+}
+
+impl<W: Legacy> L<W> {
+    /// Whether [`L::block_wide`] serves the format: unsigned quants whose eight products add up
+    /// in an i16 lane (`G == 8`: Q4_0, Q4_1), or signed ones (Q8_0, IQ4_NL).
+    pub(super) const WIDE: bool = W::G == 8 || matches!(W::KIND, Kind::Signed);
+
+    /// One block of `GA` groups of 8 rows (quants `w[g]`, scales `dx[g]`, minimums `mx[g]`)
+    /// against `T` tokens (`a[t]`, `q[t]`: the token's block) at once: each activation broadcast
+    /// meets the `GA` groups' quants and each quant register the `T` tokens, so that with 2
+    /// groups and 4 tokens a product costs 0.75 loads of a register, where [`L::block`] (one
+    /// group, 4 tokens) costs 1.25. Zen 3 loads two 256-bit registers a cycle and runs two
+    /// `vpmaddubsw`. Each (row, token) meets the integers and the f32 chain step of
+    /// [`L::block`]: the same exact sums (i16 of eight products then one `vpmaddwd`, or i32), the
+    /// same rounding, so the same bits. The chains of group `g` and token `t`: `acc` and `accm`
+    /// at `g * PASS + t`. Only for [`L::WIDE`] formats without VNNI.
+    ///
+    /// # Safety
+    /// As [`L::block`]; `acc` and `accm` hold `(GA - 1) * PASS + T` registers each.
+    #[inline(always)]
+    pub(super) unsafe fn block_wide<D: Dp, const GA: usize, const T: usize>(
+        w: &[[__m256i; 8]; GA],
+        dx: &[__m256; GA],
+        mx: &[__m256; GA],
+        a: &[*const u8; T],
+        q: &[*const LegacyQ; T],
+        acc: *mut __m256,
+        accm: *mut __m256,
+    ) {
+        debug_assert!(Self::WIDE && !D::VNNI);
+        let qs = Self::QS;
+        // Sums of (row group, token): i16 for unsigned quants (eight products per lane), i32
+        // for signed ones (`|w| * sign(y, w)`, whose pairs of products fill an i16 lane).
+        let mut x = [[_mm256_setzero_si256(); T]; GA];
+        if W::KIND != Kind::Signed {
+            for t in 0..T {
+                let y = bcast(a[t].add(qs));
+                for g in 0..GA {
+                    x[g][t] = _mm256_maddubs_epi16(w[g][0], y);
+                }
+            }
+        }
+        // A loop LLVM does not unroll: unrolled, it computes the sums (row group, token) by
+        // (row group, token), each with its own broadcasts and the quants reloaded, the loads
+        // this order exists to save. Here the sums stay in registers from one `k` to the next.
+        let kn = std::hint::black_box(8);
+        let k0 = if W::KIND == Kind::Signed { 0 } else { 1 };
+        for k in k0..kn {
+            if W::KIND == Kind::Signed {
+                let aw: [__m256i; GA] = std::array::from_fn(|g| _mm256_sign_epi8(w[g][k], w[g][k]));
+                for t in 0..T {
+                    let y = bcast(a[t].add(qs + 4 * k));
+                    for g in 0..GA {
+                        x[g][t] = D::dp(x[g][t], aw[g], _mm256_sign_epi8(y, w[g][k]));
+                    }
+                }
+            } else {
+                for t in 0..T {
+                    let y = bcast(a[t].add(qs + 4 * k));
+                    for g in 0..GA {
+                        x[g][t] = _mm256_add_epi16(x[g][t], _mm256_maddubs_epi16(w[g][k], y));
+                    }
+                }
+            }
+        }
+        let ones = _mm256_set1_epi16(1);
+        for t in 0..T {
+            let qt = read_unaligned(q[t]);
+            for g in 0..GA {
+                let mut s = if W::KIND == Kind::Signed {
+                    x[g][t]
+                } else {
+                    D::madd_acc(_mm256_setzero_si256(), x[g][t], ones)
+                };
+                if W::KIND == Kind::Offset {
+                    s = _mm256_add_epi32(s, _mm256_set1_epi32(qt.x as i32));
+                }
+                let d = _mm256_mul_ps(dx[g], _mm256_set1_ps(qt.d));
+                let c = acc.add(g * PASS + t);
+                *c = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *c);
+                if W::KIND == Kind::Type1 {
+                    let c = accm.add(g * PASS + t);
+                    *c = _mm256_fmadd_ps(mx[g], _mm256_set1_ps(f32::from_bits(qt.x)), *c);
+                }
             }
         }
     }

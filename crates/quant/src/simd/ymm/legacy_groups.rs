@@ -10,11 +10,12 @@
 //! (`L::block`), so the results are the same bits.
 
 use std::arch::x86_64::*;
+use std::cell::UnsafeCell;
 
 use super::legacy::{Iq4Nl, Legacy, LegacyP, LegacyQ, L, LCHUNK, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::{act_ptrs, prepare, regions, steps, store, Dp, Fmt, LANES, SCRATCH};
 use crate::interleave::LEGACY_GROUP_ROWS;
-use crate::simd::Rows;
+use crate::simd::{Rows, PASS};
 
 /// Bytes ahead of the block being read that the one-token kernel prefetches (into L1). Reading
 /// 131072 × 576 Q4_1 / Q8_0 from memory on Zen 3, one thread, GB/s, two runs each (a noisy host):
@@ -77,7 +78,23 @@ unsafe fn run<W: Legacy, D: Dp>(
     let gb = LANES * W::WB;
     let groups = w.count / LANES;
     assert!(w.data.len() >= groups * nb * gb);
-    for g in 0..groups {
+    let mut g = 0;
+    while g < groups {
+        if nt > 2 && L::<W>::WIDE && !D::VNNI {
+            let ga = (groups - g).min(WIDE);
+            let dst = Dst {
+                out: &mut *out,
+                tok_stride,
+                row_stride,
+            };
+            const { assert!(WIDE == 2) };
+            match ga {
+                2 => wide::<W, D, 2>(w, g, nb, &a, q, nt, dst),
+                _ => wide::<W, D, 1>(w, g, nb, &a, q, nt, dst),
+            }
+            g += ga;
+            continue;
+        }
         let gp = w.data.as_ptr().add(g * nb * gb);
         match nt {
             1 => few::<W, D, 1>(gp, nb, &a, q, acc, accm),
@@ -99,6 +116,100 @@ unsafe fn run<W: Legacy, D: Dp>(
         }
         let idx: [usize; LANES] = std::array::from_fn(|l| g * LANES + l);
         store::<L<W>>(acc, accm, nt, &idx, out, tok_stride, row_stride);
+        g += 1;
+    }
+}
+
+/// Groups whose blocks [`wide`] reads together, each activation broadcast meeting all of them.
+const WIDE: usize = 2;
+
+/// Tokens per step of [`wide`]. `prefill_min` Q4_1 (1536 × 576, calls of 64 rows, one thread,
+/// Zen 3), G multiply-adds/s at 8 / 64 tokens, groups × tokens per step: 2 × 4 81 / 91, 3 × 3
+/// 78 / 88, 4 × 2 67-75 / 74-80, 2 × 6 67 / 74-78; 3 × 4 (12 sums, 3 quant registers and the
+/// broadcast: all 16 registers) spilled and ran below the one-group kernel's 70 / 78.
+const WIDE_T: usize = 4;
+
+/// Where a product's outputs go: element (row `i`, token `j`) at `out[j * tok_stride + i *
+/// row_stride]`.
+struct Dst<'a> {
+    out: &'a mut [f32],
+    tok_stride: usize,
+    row_stride: usize,
+}
+
+/// The chains of [`wide`]: two per (group, token), grown on first use and reused.
+struct WideAcc {
+    acc: [[__m256; PASS]; WIDE],
+    accm: [[__m256; PASS]; WIDE],
+}
+
+thread_local! {
+    static WIDE_ACC: UnsafeCell<Option<Box<WideAcc>>> = const { UnsafeCell::new(None) };
+}
+
+/// The `GA` groups from group `g0` (`nb` blocks each) against all `nt` (3 to [`PASS`]) tokens,
+/// block by block: each block of the `GA` groups unpacked once, then met by the tokens
+/// [`WIDE_T`] at a time through [`L::block_wide`], the chains kept in memory (two per group and
+/// token do not fit in registers beside the sums).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn wide<W: Legacy, D: Dp, const GA: usize>(
+    w: &Rows,
+    g0: usize,
+    nb: usize,
+    a: &[*const u8; PASS],
+    q: *const LegacyQ,
+    nt: usize,
+    dst: Dst,
+) {
+    // SAFETY: the thread's own scratch, used by nothing else while this call runs (kernels do
+    // not call each other).
+    let ch = &mut *WIDE_ACC.with(|s| s.get());
+    let ch = ch.get_or_insert_with(|| {
+        Box::new(WideAcc {
+            acc: [[_mm256_setzero_ps(); PASS]; WIDE],
+            accm: [[_mm256_setzero_ps(); PASS]; WIDE],
+        })
+    });
+    for g in 0..GA {
+        ch.acc[g][..nt].fill(_mm256_setzero_ps());
+        ch.accm[g][..nt].fill(_mm256_setzero_ps());
+    }
+    let gb = LANES * W::WB;
+    let gp: [*const u8; GA] = std::array::from_fn(|g| w.data.as_ptr().add((g0 + g) * nb * gb));
+    for b in 0..nb {
+        let mut wq = [[_mm256_setzero_si256(); 8]; GA];
+        let mut dx = [_mm256_setzero_ps(); GA];
+        let mut mx = [_mm256_setzero_ps(); GA];
+        for g in 0..GA {
+            (dx[g], mx[g]) = W::unpack_group(gp[g].add(b * gb), &mut wq[g]);
+        }
+        let mut j = 0;
+        while j < nt {
+            macro_rules! step {
+                ($t:expr) => {{
+                    let ab: [*const u8; $t] =
+                        std::array::from_fn(|t| a[j + t].add(b * <L<W> as Fmt>::AB));
+                    let qb: [*const LegacyQ; $t] = std::array::from_fn(|t| q.add((j + t) * nb + b));
+                    let ac = ch.acc.as_mut_ptr().cast::<__m256>().add(j);
+                    let am = ch.accm.as_mut_ptr().cast::<__m256>().add(j);
+                    L::<W>::block_wide::<D, GA, $t>(&wq, &dx, &mx, &ab, &qb, ac, am);
+                }};
+            }
+            const { assert!(WIDE_T == 4) };
+            match nt - j {
+                1 => step!(1),
+                2 => step!(2),
+                3 => step!(3),
+                _ => step!(4),
+            }
+            j += WIDE_T;
+        }
+    }
+    for g in 0..GA {
+        let idx: [usize; LANES] = std::array::from_fn(|l| (g0 + g) * LANES + l);
+        let (out, ts, rs) = (&mut *dst.out, dst.tok_stride, dst.row_stride);
+        store::<L<W>>(&ch.acc[g], &ch.accm[g], nt, &idx, out, ts, rs);
     }
 }
 
