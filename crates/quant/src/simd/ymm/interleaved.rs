@@ -23,16 +23,18 @@
 //! register serving both. More tokens (prefill, batched decode) go through the 8-lane kernels of
 //! `kquants.rs`, which unpack 8 rows once for up to 64 tokens: loaders at the end of this file build
 //! their transposed chunk of the file's bytes straight from two groups, in registers (see there).
+//! Q4_K unpacks 16 rows (four groups) at a time there, each activation broadcast meeting both
+//! halves (`kquants::scaled_wide`).
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use super::kquants::{KQuant, K, Q4K, Q6K};
-use super::{act_ptrs, regions, steps, store, Dp, Fmt, TChunk, LANES, MAX_DW};
+use super::kquants::{KQuant, K, KP, Q4K, Q6K};
+use super::{act_ptrs, regions, steps, store, wide_chains, Dp, Fmt, TChunk, LANES, MAX_DW};
 use crate::block::cast_blocks;
 use crate::interleave::{GROUP_ROWS, Q4_K_GROUP_BLOCK, Q6_K_GROUP_BLOCK, Q6_K_GROUP_QUANTS};
 use crate::k_quants::BlockQ8K;
-use crate::simd::Rows;
+use crate::simd::{Rows, PASS};
 
 /// Bytes ahead of the group super-block being read that the kernel prefetches (into L1). Reading a
 /// 32768 × 2048 matrix from memory on Zen 1, one thread: 1152 / 2048 / 4096 / 8192 bytes ahead gave
@@ -689,7 +691,24 @@ unsafe fn run_grouped<W: KQuant + GroupLoad, D: Dp>(
     let groups = w.count / GROUP_ROWS;
     assert!(w.data.len() >= groups * gbytes);
     let wp = w.data.as_ptr();
-    for pair in 0..groups.div_ceil(2) {
+    let mut pair = 0;
+    while pair < groups.div_ceil(2) {
+        if W::WIDE && !D::VNNI && 2 * pair + 4 <= groups {
+            let dst = (&mut *out, tok_stride, row_stride);
+            two_pairs::<W, D>(
+                wp.add(2 * pair * gbytes),
+                gbytes,
+                nb,
+                &a,
+                nt,
+                tc,
+                p,
+                pair,
+                dst,
+            );
+            pair += 2;
+            continue;
+        }
         let ga = wp.add(2 * pair * gbytes);
         let second = 2 * pair + 1 < groups;
         let gb = if second { ga.add(gbytes) } else { ga };
@@ -721,6 +740,88 @@ unsafe fn run_grouped<W: KQuant + GroupLoad, D: Dp>(
             steps::<F<W>, D>(p, 1, blk, nb, &a, q, nt, acc, accm);
         }
         store::<F<W>>(acc, accm, nt, &idx, out, tok_stride, row_stride);
+        pair += 1;
+    }
+}
+
+/// Pairs `pair` and `pair + 1` of groups (16 rows: the four groups from `g`, `gbytes` apart)
+/// against the `nt` tokens: each super-block of both pairs loaded and unpacked once (into `p` and
+/// a second super-block), then met by the tokens four at a time through
+/// [`KQuant::sums_wide`], each token's broadcast serving both pairs. The f32 chains are
+/// [`K::chain`]'s, kept in memory between super-blocks.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn two_pairs<W: KQuant + GroupLoad, D: Dp>(
+    g: *const u8,
+    gbytes: usize,
+    nb: usize,
+    a: &[*const u8; PASS],
+    nt: usize,
+    tc: &mut TChunk,
+    p: &mut KP,
+    pair: usize,
+    (out, tok_stride, row_stride): (&mut [f32], usize, usize),
+) {
+    type F<W> = K<W>;
+    // SAFETY: the thread's own scratch, used by nothing else while this call runs.
+    let ch = wide_chains();
+    for h in 0..2 {
+        ch.acc[h][..nt].fill(_mm256_setzero_ps());
+        ch.accm[h][..nt].fill(_mm256_setzero_ps());
+    }
+    let mut p1 = KP::zeroed();
+    // The four groups after these, into L2, a share per super-block (as `run_grouped`).
+    let next = g.wrapping_add(4 * gbytes);
+    let share = (4 * gbytes).div_ceil(nb).next_multiple_of(64);
+    for blk in 0..nb {
+        let mut o = blk * share;
+        while o < ((blk + 1) * share).min(4 * gbytes) {
+            _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(o).cast());
+            o += 64;
+        }
+        let at = |i: usize| g.add(i * gbytes + blk * W::GROUP_BLOCK);
+        W::load(tc, at(0), at(1));
+        <F<W> as Fmt>::pack::<D>(tc, 1, p);
+        W::load(tc, at(2), at(3));
+        <F<W> as Fmt>::pack::<D>(tc, 1, &mut p1);
+        let mut j = 0;
+        while j < nt {
+            macro_rules! step {
+                ($t:expr) => {{
+                    let ab: [*const u8; $t] =
+                        std::array::from_fn(|t| a[j + t].add(blk * <F<W> as Fmt>::AB));
+                    let sums = W::sums_wide::<D, $t>([&*p, &p1], &ab);
+                    for (h, ph) in [&*p, &p1].into_iter().enumerate() {
+                        let mut ac = [_mm256_setzero_ps(); $t];
+                        let mut am = [_mm256_setzero_ps(); $t];
+                        ac.copy_from_slice(&ch.acc[h][j..j + $t]);
+                        am.copy_from_slice(&ch.accm[h][j..j + $t]);
+                        F::<W>::chain::<D, $t>(ph, sums[h], &ab, &mut ac, &mut am);
+                        ch.acc[h][j..j + $t].copy_from_slice(&ac);
+                        ch.accm[h][j..j + $t].copy_from_slice(&am);
+                    }
+                }};
+            }
+            match nt - j {
+                1 => step!(1),
+                2 => step!(2),
+                3 => step!(3),
+                _ => step!(4),
+            }
+            j += 4;
+        }
+    }
+    for h in 0..2 {
+        let idx: [usize; LANES] = std::array::from_fn(|l| LANES * (pair + h) + l);
+        store::<F<W>>(
+            &ch.acc[h],
+            &ch.accm[h],
+            nt,
+            &idx,
+            out,
+            tok_stride,
+            row_stride,
+        );
     }
 }
 

@@ -33,6 +33,14 @@ pub(crate) struct KP {
     dmin: __m256,
 }
 
+impl KP {
+    /// A super-block of zeros, to be packed into.
+    pub(super) fn zeroed() -> Self {
+        // SAFETY: registers and f32 vectors, valid for any bit pattern.
+        unsafe { std::mem::zeroed() }
+    }
+}
+
 /// `tot[t] += Σ_g sc[g] · Σ_{k < K} q[K g + k] · y_t[K g + k]` over the `64 / K` groups of `K`
 /// registers, `G` products added as i16 before each `vpmaddwd` (`G` divides `K`).
 #[inline(always)]
@@ -54,6 +62,48 @@ unsafe fn scaled<D: Dp, const T: usize, const K: usize, const G: usize>(
             }
             for t in 0..T {
                 tot[t] = D::madd_acc(tot[t], x[t], p.sc[g]);
+            }
+        }
+    }
+}
+
+/// [`scaled`] over two super-blocks of 8 rows at once (`p[0]`, `p[1]`: 16 rows): each activation
+/// broadcast meets both, each quant register the `T` tokens, so a product costs `(2 + T) / 2T`
+/// register loads instead of `1 + 1 / T` (Zen 3 loads two 256-bit registers a cycle and runs two
+/// `vpmaddubsw`). The same exact i16 and i32 sums per (row, token) as [`scaled`].
+#[inline(always)]
+pub(super) unsafe fn scaled_wide<D: Dp, const T: usize, const K: usize, const G: usize>(
+    p: [&KP; 2],
+    a: &[*const u8; T],
+    tot: &mut [[__m256i; T]; 2],
+) {
+    for g in 0..64 / K {
+        for part in 0..K / G {
+            let k0 = K * g + G * part;
+            let mut x = [[_mm256_setzero_si256(); T]; 2];
+            for t in 0..T {
+                let y = bcast(a[t].add(Q8K_QS + 4 * k0));
+                for h in 0..2 {
+                    x[h][t] = _mm256_maddubs_epi16(p[h].q[k0], y);
+                }
+            }
+            // A loop LLVM does not unroll: unrolled, it computes the sums (rows, token) by
+            // (rows, token), each with its own broadcasts and the quants reloaded, the loads this
+            // order exists to save. Here the sums stay in registers from one `k` to the next.
+            let gn = std::hint::black_box(G);
+            for i in 1..gn {
+                let k = k0 + i;
+                for t in 0..T {
+                    let y = bcast(a[t].add(Q8K_QS + 4 * k));
+                    for h in 0..2 {
+                        x[h][t] = _mm256_add_epi16(x[h][t], _mm256_maddubs_epi16(p[h].q[k], y));
+                    }
+                }
+            }
+            for h in 0..2 {
+                for t in 0..T {
+                    tot[h][t] = D::madd_acc(tot[h][t], x[h][t], p[h].sc[g]);
+                }
             }
         }
     }
@@ -190,6 +240,17 @@ pub(crate) trait KQuant: Sized {
     unsafe fn one<D: Dp>(src: &TChunk, p: &KP, a: *const u8) -> [__m256i; 2];
     /// `(tot, ms)` of `T` tokens against the super-block's scales `p` and quants `q`.
     unsafe fn sums<D: Dp, const T: usize>(p: &KP, a: &[*const u8; T]) -> [[__m256i; T]; 2];
+    /// Whether [`KQuant::sums_wide`] exists.
+    const WIDE: bool = false;
+    /// [`KQuant::sums`] of two super-blocks of 8 rows at once (see [`scaled_wide`]): the same
+    /// integers for each.
+    unsafe fn sums_wide<D: Dp, const T: usize>(
+        _p: [&KP; 2],
+        _a: &[*const u8; T],
+    ) -> [[[__m256i; T]; 2]; 2] {
+        // Only called where `WIDE` is true (a constant), and every such format overrides it.
+        unreachable!("sums_wide of a K-quant without WIDE")
+    }
 }
 
 /// A K-quant on 8 lanes.
@@ -272,7 +333,7 @@ impl<W: KQuant> Fmt for K<W> {
 impl<W: KQuant> K<W> {
     /// The f32 chain of one super-block from its integer sums.
     #[inline(always)]
-    unsafe fn chain<D: Dp, const T: usize>(
+    pub(super) unsafe fn chain<D: Dp, const T: usize>(
         p: &KP,
         [tot, ms]: [[__m256i; T]; 2],
         a: &[*const u8; T],
@@ -376,6 +437,21 @@ impl KQuant for Q4K {
         // 8 products of 4-bit quants: at most 8 * 2 * 15 * 127 < 2^15.
         scaled::<D, T, 8, 8>(p, a, &mut tot);
         [tot, k45_mins::<D, T>(p, a)]
+    }
+
+    const WIDE: bool = true;
+
+    #[inline(always)]
+    unsafe fn sums_wide<D: Dp, const T: usize>(
+        p: [&KP; 2],
+        a: &[*const u8; T],
+    ) -> [[[__m256i; T]; 2]; 2] {
+        let mut tot = [[_mm256_setzero_si256(); T]; 2];
+        scaled_wide::<D, T, 8, 8>(p, a, &mut tot);
+        [
+            [tot[0], k45_mins::<D, T>(p[0], a)],
+            [tot[1], k45_mins::<D, T>(p[1], a)],
+        ]
     }
 
     #[inline(always)]

@@ -10,10 +10,9 @@
 //! (`L::block`), so the results are the same bits.
 
 use std::arch::x86_64::*;
-use std::cell::UnsafeCell;
 
 use super::legacy::{Iq4Nl, Legacy, LegacyP, LegacyQ, L, LCHUNK, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::{act_ptrs, prepare, regions, steps, store, Dp, Fmt, LANES, SCRATCH};
+use super::{act_ptrs, prepare, regions, steps, store, wide_chains, Dp, Fmt, LANES, SCRATCH};
 use crate::interleave::LEGACY_GROUP_ROWS;
 use crate::simd::{Rows, PASS};
 
@@ -137,16 +136,6 @@ struct Dst<'a> {
     row_stride: usize,
 }
 
-/// The chains of [`wide`]: two per (group, token), grown on first use and reused.
-struct WideAcc {
-    acc: [[__m256; PASS]; WIDE],
-    accm: [[__m256; PASS]; WIDE],
-}
-
-thread_local! {
-    static WIDE_ACC: UnsafeCell<Option<Box<WideAcc>>> = const { UnsafeCell::new(None) };
-}
-
 /// The `GA` groups from group `g0` (`nb` blocks each) against all `nt` (3 to [`PASS`]) tokens,
 /// block by block: each block of the `GA` groups unpacked once, then met by the tokens
 /// [`WIDE_T`] at a time through [`L::block_wide`], the chains kept in memory (two per group and
@@ -164,13 +153,8 @@ unsafe fn wide<W: Legacy, D: Dp, const GA: usize>(
 ) {
     // SAFETY: the thread's own scratch, used by nothing else while this call runs (kernels do
     // not call each other).
-    let ch = &mut *WIDE_ACC.with(|s| s.get());
-    let ch = ch.get_or_insert_with(|| {
-        Box::new(WideAcc {
-            acc: [[_mm256_setzero_ps(); PASS]; WIDE],
-            accm: [[_mm256_setzero_ps(); PASS]; WIDE],
-        })
-    });
+    let ch = wide_chains();
+    const { assert!(GA <= 2) };
     for g in 0..GA {
         ch.acc[g][..nt].fill(_mm256_setzero_ps());
         ch.accm[g][..nt].fill(_mm256_setzero_ps());

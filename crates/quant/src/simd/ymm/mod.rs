@@ -391,6 +391,29 @@ thread_local! {
     };
 }
 
+/// The chains of the kernels that read two sets of 8 rows at once (`legacy_groups::wide`,
+/// `interleaved::run_grouped`): two per set of rows and token, kept in memory (they do not fit in
+/// registers beside those kernels' integer sums).
+pub(super) struct WideAcc {
+    pub(super) acc: [[__m256; PASS]; 2],
+    pub(super) accm: [[__m256; PASS]; 2],
+}
+
+thread_local! {
+    static WIDE_ACC: UnsafeCell<Option<Box<WideAcc>>> = const { UnsafeCell::new(None) };
+}
+
+/// The thread's [`WideAcc`], made on first use.
+///
+/// # Safety
+/// Used by nothing else while the reference lives (kernels do not call each other).
+#[inline(always)]
+pub(super) unsafe fn wide_chains<'a>() -> &'a mut WideAcc {
+    let c = &mut *WIDE_ACC.with(|s| s.get());
+    // SAFETY: registers of f32, valid for any bit pattern.
+    c.get_or_insert_with(|| Box::new(std::mem::zeroed()))
+}
+
 /// Rows of each lane a one-token call prefetches before it starts.
 const FAR_FIRST_ROWS: usize = 4;
 
