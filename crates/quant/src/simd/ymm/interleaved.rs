@@ -724,13 +724,8 @@ unsafe fn run_grouped<W: KQuant + GroupLoad, D: Dp>(
         }
         // The pair after next, into L2, a share per super-block (as `super::run`).
         let next = ga.wrapping_add(4 * gbytes);
-        let share = (2 * gbytes).div_ceil(nb).next_multiple_of(64);
         for blk in 0..nb {
-            let mut o = blk * share;
-            while o < ((blk + 1) * share).min(2 * gbytes) {
-                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(o).cast());
-                o += 64;
-            }
+            prefetch_share(next, 2 * gbytes, blk, nb);
             W::load(
                 tc,
                 ga.add(blk * W::GROUP_BLOCK),
@@ -741,6 +736,18 @@ unsafe fn run_grouped<W: KQuant + GroupLoad, D: Dp>(
         }
         store::<F<W>>(acc, accm, nt, &idx, out, tok_stride, row_stride);
         pair += 1;
+    }
+}
+
+/// Prefetches (into L2) share `blk` of `nb` of the `span` bytes at `next`, one line at a time
+/// (`wrapping_add`: past the buffer's end a prefetch is never read).
+#[inline(always)]
+unsafe fn prefetch_share(next: *const u8, span: usize, blk: usize, nb: usize) {
+    let share = span.div_ceil(nb).next_multiple_of(64);
+    let mut o = blk * share;
+    while o < ((blk + 1) * share).min(span) {
+        _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(o).cast());
+        o += 64;
     }
 }
 
@@ -772,13 +779,8 @@ unsafe fn two_pairs<W: KQuant + GroupLoad, D: Dp>(
     let mut p1 = KP::zeroed();
     // The four groups after these, into L2, a share per super-block (as `run_grouped`).
     let next = g.wrapping_add(4 * gbytes);
-    let share = (4 * gbytes).div_ceil(nb).next_multiple_of(64);
     for blk in 0..nb {
-        let mut o = blk * share;
-        while o < ((blk + 1) * share).min(4 * gbytes) {
-            _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(o).cast());
-            o += 64;
-        }
+        prefetch_share(next, 4 * gbytes, blk, nb);
         let at = |i: usize| g.add(i * gbytes + blk * W::GROUP_BLOCK);
         W::load(tc, at(0), at(1));
         <F<W> as Fmt>::pack::<D>(tc, 1, p);

@@ -81,11 +81,7 @@ unsafe fn run<W: Legacy, D: Dp>(
     while g < groups {
         if nt > 2 && L::<W>::WIDE && !D::VNNI {
             let ga = (groups - g).min(WIDE);
-            let dst = Dst {
-                out: &mut *out,
-                tok_stride,
-                row_stride,
-            };
+            let dst = (&mut *out, tok_stride, row_stride);
             const { assert!(WIDE == 2) };
             match ga {
                 2 => wide::<W, D, 2>(w, g, nb, &a, q, nt, dst),
@@ -128,14 +124,6 @@ const WIDE: usize = 2;
 /// broadcast: all 16 registers) spilled and ran below the one-group kernel's 70 / 78.
 const WIDE_T: usize = 4;
 
-/// Where a product's outputs go: element (row `i`, token `j`) at `out[j * tok_stride + i *
-/// row_stride]`.
-struct Dst<'a> {
-    out: &'a mut [f32],
-    tok_stride: usize,
-    row_stride: usize,
-}
-
 /// The `GA` groups from group `g0` (`nb` blocks each) against all `nt` (3 to [`PASS`]) tokens,
 /// block by block: each block of the `GA` groups unpacked once, then met by the tokens
 /// [`WIDE_T`] at a time through [`L::block_wide`], the chains kept in memory (two per group and
@@ -149,7 +137,7 @@ unsafe fn wide<W: Legacy, D: Dp, const GA: usize>(
     a: &[*const u8; PASS],
     q: *const LegacyQ,
     nt: usize,
-    dst: Dst,
+    (out, tok_stride, row_stride): (&mut [f32], usize, usize),
 ) {
     // SAFETY: the thread's own scratch, used by nothing else while this call runs (kernels do
     // not call each other).
@@ -192,8 +180,8 @@ unsafe fn wide<W: Legacy, D: Dp, const GA: usize>(
     }
     for g in 0..GA {
         let idx: [usize; LANES] = std::array::from_fn(|l| (g0 + g) * LANES + l);
-        let (out, ts, rs) = (&mut *dst.out, dst.tok_stride, dst.row_stride);
-        store::<L<W>>(&ch.acc[g], &ch.accm[g], nt, &idx, out, ts, rs);
+        let (ac, am) = (&ch.acc[g], &ch.accm[g]);
+        store::<L<W>>(ac, am, nt, &idx, out, tok_stride, row_stride);
     }
 }
 
