@@ -392,7 +392,7 @@ thread_local! {
 }
 
 /// The chains of the kernels that read two sets of 8 rows at once (`legacy_groups::wide`,
-/// `interleaved::run_grouped`): two per set of rows and token, kept in memory (they do not fit in
+/// `interleaved::two_pairs`): two per set of rows and token, kept in memory (they do not fit in
 /// registers beside those kernels' integer sums).
 pub(super) struct WideAcc {
     pub(super) acc: [[__m256; PASS]; 2],
