@@ -80,9 +80,9 @@ unsafe fn run<W: Legacy, D: Dp>(
     let mut g = 0;
     while g < groups {
         if nt > 2 && L::<W>::WIDE && !D::VNNI {
-            let ga = (groups - g).min(WIDE);
+            let ga = (groups - g).min(WIDE_GROUPS);
             let dst = (&mut *out, tok_stride, row_stride);
-            const { assert!(WIDE == 2) };
+            const { assert!(WIDE_GROUPS == 2) };
             match ga {
                 2 => wide::<W, D, 2>(w, g, nb, &a, q, nt, dst),
                 _ => wide::<W, D, 1>(w, g, nb, &a, q, nt, dst),
@@ -116,7 +116,7 @@ unsafe fn run<W: Legacy, D: Dp>(
 }
 
 /// Groups whose blocks [`wide`] reads together, each activation broadcast meeting all of them.
-const WIDE: usize = 2;
+const WIDE_GROUPS: usize = 2;
 
 /// Tokens per step of [`wide`]. `prefill_min` Q4_1 (1536 × 576, calls of 64 rows, one thread,
 /// Zen 3), G multiply-adds/s at 8 / 64 tokens, groups × tokens per step: 2 × 4 81 / 91, 3 × 3
