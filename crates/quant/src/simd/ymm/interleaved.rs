@@ -30,7 +30,9 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use super::kquants::{KQuant, K, KP, Q4K, Q6K};
-use super::{act_ptrs, regions, steps, store, wide_chains, Dp, Fmt, TChunk, LANES, MAX_DW};
+use super::{
+    act_ptrs, prefetch_share, regions, steps, store, wide_chains, Dp, Fmt, TChunk, LANES, MAX_DW,
+};
 use crate::block::cast_blocks;
 use crate::interleave::{GROUP_ROWS, Q4_K_GROUP_BLOCK, Q6_K_GROUP_BLOCK, Q6_K_GROUP_QUANTS};
 use crate::k_quants::BlockQ8K;
@@ -736,18 +738,6 @@ unsafe fn run_grouped<W: KQuant + GroupLoad, D: Dp>(
         }
         store::<F<W>>(acc, accm, nt, &idx, out, tok_stride, row_stride);
         pair += 1;
-    }
-}
-
-/// Prefetches (into L2) share `blk` of `nb` of the `span` bytes at `next`, one line at a time
-/// (`wrapping_add`: past the buffer's end a prefetch is never read).
-#[inline(always)]
-unsafe fn prefetch_share(next: *const u8, span: usize, blk: usize, nb: usize) {
-    let share = span.div_ceil(nb).next_multiple_of(64);
-    let mut o = blk * share;
-    while o < ((blk + 1) * share).min(span) {
-        _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(o).cast());
-        o += 64;
     }
 }
 

@@ -12,7 +12,9 @@
 use std::arch::x86_64::*;
 
 use super::legacy::{Iq4Nl, Legacy, LegacyP, LegacyQ, L, LCHUNK, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use super::{act_ptrs, prepare, regions, steps, store, wide_chains, Dp, Fmt, LANES, SCRATCH};
+use super::{
+    act_ptrs, prefetch_share, prepare, regions, steps, store, wide_chains, Dp, Fmt, LANES, SCRATCH,
+};
 use crate::interleave::LEGACY_GROUP_ROWS;
 use crate::simd::{Rows, PASS};
 
@@ -149,7 +151,12 @@ unsafe fn wide<W: Legacy, D: Dp, const GA: usize>(
     }
     let gb = LANES * W::WB;
     let gp: [*const u8; GA] = std::array::from_fn(|g| w.data.as_ptr().add((g0 + g) * nb * gb));
+    // The next `GA` groups (they follow these), into L2, a share per block: at a few tokens the
+    // weights stream from memory faster than the hardware prefetcher brings them.
+    let span = GA * nb * gb;
+    let next = gp[0].wrapping_add(span);
     for b in 0..nb {
+        prefetch_share(next, span, b, nb);
         let mut wq = [[_mm256_setzero_si256(); 8]; GA];
         let mut dx = [_mm256_setzero_ps(); GA];
         let mut mx = [_mm256_setzero_ps(); GA];

@@ -403,6 +403,18 @@ thread_local! {
     static WIDE_ACC: UnsafeCell<Option<Box<WideAcc>>> = const { UnsafeCell::new(None) };
 }
 
+/// Prefetches (into L2) share `blk` of `nb` of the `span` bytes at `next`, one line at a time
+/// (`wrapping_add`: past the buffer's end a prefetch is never read).
+#[inline(always)]
+pub(super) unsafe fn prefetch_share(next: *const u8, span: usize, blk: usize, nb: usize) {
+    let share = span.div_ceil(nb).next_multiple_of(64);
+    let mut o = blk * share;
+    while o < ((blk + 1) * share).min(span) {
+        _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(o).cast());
+        o += 64;
+    }
+}
+
 /// The thread's [`WideAcc`], made on first use.
 ///
 /// # Safety
