@@ -11,7 +11,9 @@
 
 use std::arch::x86_64::*;
 
-use super::legacy::{Iq4Nl, Legacy, LegacyP, LegacyQ, L, LCHUNK, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::legacy::{
+    Iq4Nl, Kind, Legacy, LegacyP, LegacyQ, L, LCHUNK, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+};
 use super::{
     act_ptrs, prefetch_share, prepare, regions, steps, store, wide_chains, Dp, Fmt, LANES, SCRATCH,
 };
@@ -128,8 +130,9 @@ const WIDE_T: usize = 4;
 
 /// The `GA` groups from group `g0` (`nb` blocks each) against all `nt` (3 to [`PASS`]) tokens,
 /// block by block: each block of the `GA` groups unpacked once, then met by the tokens
-/// [`WIDE_T`] at a time through [`L::block_wide`], the chains kept in memory (two per group and
-/// token do not fit in registers beside the sums).
+/// [`WIDE_T`] at a time through [`L::block_wide`], the chains kept in memory (one per group and
+/// token does not fit in registers beside the sums); type 1's minimums' chains first, in a pass
+/// of their own ([`L::min_chains`]).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn wide<W: Legacy, D: Dp, const GA: usize>(
@@ -145,12 +148,16 @@ unsafe fn wide<W: Legacy, D: Dp, const GA: usize>(
     // not call each other).
     let ch = wide_chains();
     const { assert!(GA <= 2) };
-    for g in 0..GA {
-        ch.acc[g][..nt].fill(_mm256_setzero_ps());
-        ch.accm[g][..nt].fill(_mm256_setzero_ps());
-    }
     let gb = LANES * W::WB;
     let gp: [*const u8; GA] = std::array::from_fn(|g| w.data.as_ptr().add((g0 + g) * nb * gb));
+    for g in 0..GA {
+        ch.acc[g][..nt].fill(_mm256_setzero_ps());
+        if W::KIND == Kind::Type1 {
+            L::<W>::min_chains(gp[g], gb, nb, q, nt, &mut ch.accm[g]);
+        } else {
+            ch.accm[g][..nt].fill(_mm256_setzero_ps());
+        }
+    }
     // The next `GA` groups (they follow these), into L2, a share per block: at a few tokens the
     // weights stream from memory faster than the hardware prefetcher brings them.
     let span = GA * nb * gb;
@@ -159,9 +166,8 @@ unsafe fn wide<W: Legacy, D: Dp, const GA: usize>(
         prefetch_share(next, span, b, nb);
         let mut wq = [[_mm256_setzero_si256(); 8]; GA];
         let mut dx = [_mm256_setzero_ps(); GA];
-        let mut mx = [_mm256_setzero_ps(); GA];
         for g in 0..GA {
-            (dx[g], mx[g]) = W::unpack_group(gp[g].add(b * gb), &mut wq[g]);
+            dx[g] = W::unpack_group(gp[g].add(b * gb), &mut wq[g]).0;
         }
         let mut j = 0;
         while j < nt {
@@ -171,8 +177,7 @@ unsafe fn wide<W: Legacy, D: Dp, const GA: usize>(
                         std::array::from_fn(|t| a[j + t].add(b * <L<W> as Fmt>::AB));
                     let qb: [*const LegacyQ; $t] = std::array::from_fn(|t| q.add((j + t) * nb + b));
                     let ac = ch.acc.as_mut_ptr().cast::<__m256>().add(j);
-                    let am = ch.accm.as_mut_ptr().cast::<__m256>().add(j);
-                    L::<W>::block_wide::<D, GA, $t>(&wq, &dx, &mx, &ab, &qb, ac, am);
+                    L::<W>::block_wide::<D, GA, $t>(&wq, &dx, &ab, &qb, ac);
                 }};
             }
             const { assert!(WIDE_T == 4) };
