@@ -137,6 +137,36 @@ fn attention_depth_split_is_invariant() {
     }
 }
 
+/// Eight sequences decoding a token each in one batch (the server's step), where attention gives
+/// each sequence one task over all its KV heads (from 4 single-row sequences per thread): the same
+/// bits as each sequence alone, on 1 and 2 threads, past one KV block (64 positions) and with the
+/// sequences at different depths.
+#[test]
+fn many_sequences_decoding_together_are_batch_invariant() {
+    for name in ["tiny-qwen3moe.q4_k_m.gguf", "tiny-llama3.q4_k_m.gguf"] {
+        let model = fixture(name);
+        let n_vocab = model.config.n_vocab as u32;
+        let seqs: Vec<Vec<u32>> = (0..8u32)
+            .map(|s| {
+                (0..70 + 9 * s)
+                    .map(|i| (i * (5 + 2 * s) + 17 * s) % n_vocab)
+                    .collect()
+            })
+            .collect();
+        for kv_type in [KvType::F16, KvType::Q8_0] {
+            let reference = run_prompts(&model, &seqs, 1, 64, false, kv_type, |_| true);
+            for threads in [1, 2] {
+                let got = run_prompts(&model, &seqs, threads, 1, true, kv_type, |_| true);
+                assert!(
+                    got == reference,
+                    "{name}: logits of 8 sequences decoding together differ, {threads} threads, \
+                     {kv_type:?}"
+                );
+            }
+        }
+    }
+}
+
 fn assert_model_invariant(name: &str, model: &Model) {
     for kv_type in KvType::ALL {
         let reference = run(model, 1, 64, false, kv_type);
