@@ -159,7 +159,7 @@ unsafe fn wide<W: Legacy, D: Dp, const GA: usize>(
         }
     }
     // The next `GA` groups (they follow these), into L2, a share per block: at a few tokens the
-    // weights stream from memory faster than the hardware prefetcher brings them.
+    // weights come from memory, and the hardware prefetchers fell behind the two streams.
     let span = GA * nb * gb;
     let next = gp[0].wrapping_add(span);
     for b in 0..nb {
