@@ -108,10 +108,15 @@ pub(crate) trait Legacy {
         Self::quants(&GroupDw(g.add(8 * Self::HB)), 0, q);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(g.cast()));
         if Self::HB == 4 {
-            (d, _mm256_cvtph_ps(_mm_loadu_si128(g.add(16).cast())))
+            (d, Self::group_mins(g))
         } else {
             (d, _mm256_setzero_ps())
         }
+    }
+    /// The minimums of a type-1 group block at `g` (after its 8 scales).
+    #[inline(always)]
+    unsafe fn group_mins(g: *const u8) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(g.add(2 * LANES).cast()))
     }
     /// The one-token stream's quants of a window of 4 bytes per row: the low nibbles' values (or
     /// the bytes) and the high nibbles' values (unused for bytes).
@@ -362,10 +367,11 @@ impl<W: Legacy> L<W> {
     /// in an i16 lane (`G == 8`: Q4_0, Q4_1), or signed ones (Q8_0, IQ4_NL).
     pub(super) const WIDE: bool = W::G == 8 || matches!(W::KIND, Kind::Signed);
 
-    /// One block of `GA` groups of 8 rows (quants `w[g]`, scales `dx[g]`) against `T` tokens (`a[t]`, `q[t]`: the token's block) at once: each activation broadcast
-    /// meets the `GA` groups' quants and each quant register the `T` tokens, so that with 2
-    /// groups and 4 tokens a product costs 0.75 loads of a register, where [`L::block`] (one
-    /// group, 4 tokens) costs 1.25. Zen 3 loads two 256-bit registers a cycle and runs two
+    /// One block of `GA` groups of 8 rows (quants `w[g]`, scales `dx[g]`) against `T` tokens
+    /// (`a[t]`, `q[t]`: the token's block) at once: each activation broadcast meets the `GA`
+    /// groups' quants and each quant register the `T` tokens, so that with 2 groups and 4 tokens
+    /// a product costs 0.75 loads of a register, where [`L::block`] (one group, 4 tokens) costs
+    /// 1.25. Zen 3 loads two 256-bit registers a cycle and runs two
     /// `vpmaddubsw`. Each (row, token) meets the integers and the f32 chain step of
     /// [`L::block`]: the same exact sums (i16 of eight products then one `vpmaddwd`, or i32), the
     /// same rounding, so the same bits. The chain of group `g` and token `t`: `acc` at
@@ -456,7 +462,7 @@ impl<W: Legacy> L<W> {
     ) {
         debug_assert!(W::KIND == Kind::Type1 && accm.len() >= nt);
         #[inline(always)]
-        unsafe fn tokens<const T: usize>(
+        unsafe fn tokens<W: Legacy, const T: usize>(
             g: *const u8,
             gb: usize,
             nb: usize,
@@ -465,7 +471,7 @@ impl<W: Legacy> L<W> {
         ) {
             let mut c = [_mm256_setzero_ps(); T];
             for b in 0..nb {
-                let mx = _mm256_cvtph_ps(_mm_loadu_si128(g.add(b * gb + 16).cast()));
+                let mx = W::group_mins(g.add(b * gb));
                 for (t, c) in c.iter_mut().enumerate() {
                     let sy = f32::from_bits(read_unaligned(q.add(t * nb + b)).x);
                     *c = _mm256_fmadd_ps(mx, _mm256_set1_ps(sy), *c);
@@ -478,14 +484,14 @@ impl<W: Legacy> L<W> {
             let (qj, cj) = (q.add(j * nb), &mut accm[j..]);
             let n = (nt - j).min(8);
             match n {
-                1 => tokens::<1>(g, gb, nb, qj, cj),
-                2 => tokens::<2>(g, gb, nb, qj, cj),
-                3 => tokens::<3>(g, gb, nb, qj, cj),
-                4 => tokens::<4>(g, gb, nb, qj, cj),
-                5 => tokens::<5>(g, gb, nb, qj, cj),
-                6 => tokens::<6>(g, gb, nb, qj, cj),
-                7 => tokens::<7>(g, gb, nb, qj, cj),
-                _ => tokens::<8>(g, gb, nb, qj, cj),
+                1 => tokens::<W, 1>(g, gb, nb, qj, cj),
+                2 => tokens::<W, 2>(g, gb, nb, qj, cj),
+                3 => tokens::<W, 3>(g, gb, nb, qj, cj),
+                4 => tokens::<W, 4>(g, gb, nb, qj, cj),
+                5 => tokens::<W, 5>(g, gb, nb, qj, cj),
+                6 => tokens::<W, 6>(g, gb, nb, qj, cj),
+                7 => tokens::<W, 7>(g, gb, nb, qj, cj),
+                _ => tokens::<W, 8>(g, gb, nb, qj, cj),
             }
             j += n;
         }
