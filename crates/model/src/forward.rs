@@ -257,6 +257,13 @@ impl Model {
         Ok(logits)
     }
 
+    /// Hints what follows layer `l`: the next layer's Q, K and V.
+    fn hint_after_layer(&self, pool: &ThreadPool, n: usize, l: usize) {
+        if let Some(next) = self.layers.get(l + 1) {
+            hint(pool, n, &[&next.wq, &next.wk, &next.wv]);
+        }
+    }
+
     fn check_batch(&self, kv: &KvCache, s: &Scratch, b: &Batch) -> Result<(), ModelError> {
         kv.ty()
             .check_heads(self.config.head_dim, self.config.head_dim_v)?;
@@ -311,6 +318,11 @@ impl Model {
         );
         emit(tap, "attn_norm", l, &s.xn, n, d);
 
+        if n <= HINT_TOKENS {
+            // Decode: the keys and values of the block this row writes and reads, for the K/V
+            // store and the attention after this pass (checked to exist by `check_batch`).
+            pool.prefetch_after(&kv.block_bytes_at(b.seq[0], l, b.pos[0]), HINT_BYTES);
+        }
         let all = [Group::all(n)];
         shared_input_products(
             pool,
@@ -429,6 +441,7 @@ impl Model {
             scale: lc.attn_scale,
             softcap: lc.attn_softcap,
         };
+        hint(pool, n, &[&layer.wo]);
         attend(pool, c, kv, l, &rows, &mut s.attn_scratch, &mut s.attn);
         let od = c.n_head * c.head_dim_v;
         emit(tap, "kqv_out", l, &s.attn, n, od);
@@ -437,6 +450,8 @@ impl Model {
         }
 
         s.acts.quantize(pool, layer.wo.ty, &s.attn, n, od, od);
+        let [first, second] = ffn_first(layer);
+        hint(pool, n, &[first, second]);
         matmul(pool, &layer.wo, &s.acts, n, &mut s.proj, d);
         emit(tap, "attn_out", l, &s.proj, n, d);
         if let Some(w) = &layer.attn_post_norm {
@@ -473,7 +488,9 @@ impl Model {
                 s.acts.quantize(pool, gate.ty, &s.xn, n, d, d);
                 let all = [Group::all(n)];
                 let (q, acts) = (Some((&mut s.ffn_acts, down.ty)), &s.acts);
+                hint(pool, n, &[down]);
                 matmul_swiglu(pool, act, gate, up, acts, &all, &mut s.ffn_a, ff, q);
+                self.hint_after_layer(pool, n, l);
                 matmul(pool, down, &s.ffn_acts, n, &mut s.proj, d);
             }
             Ffn::Dense { gate, up, down } => {
@@ -500,6 +517,7 @@ impl Model {
                 );
                 glu_rows(pool, act, &mut s.ffn_a[..n * ff], &s.ffn_b[..n * ff], ff);
                 s.acts.quantize(pool, down.ty, &s.ffn_a, n, ff, ff);
+                self.hint_after_layer(pool, n, l);
                 matmul(pool, down, &s.acts, n, &mut s.proj, d);
             }
             Ffn::Moe {
@@ -665,6 +683,7 @@ impl Model {
             s.ffn_acts
                 .quantize(pool, down_exps.ty, &s.ffn_a, n * k, ff, ff);
         }
+        self.hint_after_layer(pool, n, l);
         matmul_gather(
             pool,
             down_exps,
@@ -715,6 +734,35 @@ fn emit(
 /// shape and one activation type for both (their weight types may differ, e.g. Q4_K and Q6_K).
 fn fusable(gate: &Weight, up: &Weight) -> bool {
     vec_dot_type(gate.ty) == vec_dot_type(up.ty) && gate.rows == up.rows && gate.cols == up.cols
+}
+
+/// Rows per batch up to which a pass hints the weights of the next one to the pool
+/// ([`ThreadPool::prefetch_after`]): decode, whose passes stream their weights from memory.
+const HINT_TOKENS: usize = 1;
+
+/// Bytes of a hint per thread: a share of the next weights that the L2 cache holds beside what
+/// the pass in between reads.
+const HINT_BYTES: usize = 128 << 10;
+
+/// Hints the weights `ws` (single matrices; stacks of experts are not hinted) to the pool's next
+/// run when the batch has at most [`HINT_TOKENS`] rows.
+fn hint(pool: &ThreadPool, n: usize, ws: &[&Weight]) {
+    if n > HINT_TOKENS {
+        return;
+    }
+    let mut ranges: [&[u8]; 3] = [&[]; 3];
+    for (r, w) in ranges.iter_mut().zip(ws.iter().filter(|w| w.n_mat == 1)) {
+        *r = w.bytes();
+    }
+    pool.prefetch_after(&ranges, HINT_BYTES);
+}
+
+/// The weights a layer's FFN reads first.
+fn ffn_first(layer: &Layer) -> [&Weight; 2] {
+    match &layer.ffn {
+        Ffn::Dense { gate, up, .. } => [gate, up],
+        Ffn::Moe { gate_inp, .. } => [gate_inp, gate_inp],
+    }
 }
 
 /// [`fwht`] of every `chunk` elements of `rows` (`[n, width]`), rows spread over the threads.

@@ -201,6 +201,20 @@ impl Store {
         }
     }
 
+    /// The memory of rows `row..row + count` as bytes (for prefetch hints).
+    fn bytes(&self, row: usize, count: usize) -> &[u8] {
+        let (at, len) = (row * self.unit(), count * self.unit());
+        fn raw<T>(v: &[T]) -> &[u8] {
+            // SAFETY: plain numbers, viewed as the bytes they are made of.
+            unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), size_of_val(v)) }
+        }
+        match &self.data {
+            Data::F16(v) => raw(&v[at..at + len]),
+            Data::F32(v) => raw(&v[at..at + len]),
+            Data::Quant(_, v) => &v[at..at + len],
+        }
+    }
+
     /// Copies rows `src..src + count` to `dst..` (within one run from its first row if
     /// transposed).
     fn copy_within(&mut self, src: usize, dst: usize, count: usize) {
@@ -451,6 +465,14 @@ impl KvCache {
         let b = self.tables[seq][i] as usize;
         let r = self.row_index(b, layer, 0);
         (self.k.rows(r, BLOCK), self.v.rows(r, BLOCK))
+    }
+
+    /// The memory of the keys and of the values of the block that holds position `pos` of a
+    /// sequence at a layer (for prefetch hints).
+    pub(crate) fn block_bytes_at(&self, seq: usize, layer: usize, pos: usize) -> [&[u8]; 2] {
+        let b = self.tables[seq][pos / BLOCK] as usize;
+        let r = self.row_index(b, layer, 0);
+        [self.k.bytes(r, BLOCK), self.v.bytes(r, BLOCK)]
     }
 
     /// Copies the first `rows` positions of block `src` into block `dst` at every layer (a

@@ -25,6 +25,12 @@ type Job = dyn Fn(usize) + Sync;
 /// Spins before a worker parks (a few tens of microseconds).
 const SPIN_LIMIT: u32 = 1 << 11;
 
+/// Most byte ranges of a [`ThreadPool::prefetch_after`] hint.
+const MAX_HINTS: usize = 3;
+
+/// Lines a thread prefetches between looks at whether the pool needs it again.
+const HINT_LINES_PER_LOOK: usize = 8;
+
 struct Shared {
     generation: AtomicU64,
     job: AtomicPtr<JobRef>,
@@ -40,6 +46,72 @@ struct Shared {
     failed: AtomicBool,
     /// The first panic of the current batch, resumed on the caller once the batch is over.
     panic: Mutex<Option<Box<dyn Any + Send>>>,
+    /// What the threads prefetch once the current batch has no tasks left for them (see
+    /// [`ThreadPool::prefetch_after`]): start and length of each range, and bytes per thread.
+    hints: [(AtomicUsize, AtomicUsize); MAX_HINTS],
+    hint_budget: AtomicUsize,
+}
+
+/// A copy of the pool's hint, taken by a thread before it signals the end of its batch.
+#[derive(Clone, Copy)]
+struct Hint {
+    ranges: [(usize, usize); MAX_HINTS],
+    budget: usize,
+}
+
+impl Hint {
+    fn take(sh: &Shared) -> Hint {
+        Hint {
+            ranges: std::array::from_fn(|i| {
+                let (a, n) = &sh.hints[i];
+                (a.load(Ordering::Relaxed), n.load(Ordering::Relaxed))
+            }),
+            budget: sh.hint_budget.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Thread `me`'s share (of `n`) of every range, up to the budget spread over them, prefetched
+    /// into L2 a few lines at a time while `idle()` holds.
+    fn prefetch(&self, me: usize, n: usize, idle: impl Fn() -> bool) {
+        self.lines(me, n, idle, |at| {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                _mm_prefetch::<_MM_HINT_T1>(at as *const i8);
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = at;
+        });
+    }
+
+    /// The address of every 64-byte line of thread `me`'s share, to `f`, while `idle()` holds
+    /// (asked every [`HINT_LINES_PER_LOOK`] lines).
+    fn lines(&self, me: usize, n: usize, idle: impl Fn() -> bool, mut f: impl FnMut(usize)) {
+        let used = self.ranges.iter().filter(|r| r.1 > 0).count();
+        if used == 0 || self.budget == 0 {
+            return;
+        }
+        let per_range = self.budget / used;
+        for &(start, len) in &self.ranges {
+            let share = len.div_ceil(n);
+            let from = start.wrapping_add(me * share);
+            let bytes = share.min(len.saturating_sub(me * share)).min(per_range);
+            let mut o = 0;
+            while o < bytes {
+                if !idle() {
+                    return;
+                }
+                for _ in 0..HINT_LINES_PER_LOOK {
+                    if o >= bytes {
+                        break;
+                    }
+                    f(from.wrapping_add(o));
+                    o += 64;
+                }
+            }
+        }
+    }
 }
 
 /// A fat `&dyn Fn` behind a thin pointer, so it fits an `AtomicPtr`.
@@ -69,13 +141,15 @@ impl ThreadPool {
             wake: Condvar::new(),
             failed: AtomicBool::new(false),
             panic: Mutex::new(None),
+            hints: std::array::from_fn(|_| (AtomicUsize::new(0), AtomicUsize::new(0))),
+            hint_budget: AtomicUsize::new(0),
         });
         let workers = (1..n_threads)
             .map(|i| {
                 let shared = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("hearth-worker-{i}"))
-                    .spawn(move || worker(&shared))
+                    .spawn(move || worker(&shared, i, n_threads))
                     .expect("spawning a worker thread")
             })
             .collect();
@@ -129,6 +203,10 @@ impl ThreadPool {
             sh.wake.notify_all();
         }
         drain(sh, f, n_tasks);
+        let hint = Hint::take(sh);
+        hint.prefetch(0, self.n_threads, || {
+            sh.pending.load(Ordering::Acquire) != 0
+        });
         let mut spins = 0u32;
         while sh.pending.load(Ordering::Acquire) != 0 {
             spins += 1;
@@ -138,6 +216,8 @@ impl ThreadPool {
                 std::thread::yield_now();
             }
         }
+        // Every worker has its copy of the hint: it was for this batch alone.
+        self.clear_hint();
         sh.job.store(std::ptr::null_mut(), Ordering::Relaxed);
         let panic = sh.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(p) = panic {
@@ -172,7 +252,7 @@ fn drain(shared: &Shared, f: &(dyn Fn(usize) + Sync + '_), n_tasks: usize) {
     }
 }
 
-fn worker(sh: &Shared) {
+fn worker(sh: &Shared, me: usize, n_threads: usize) {
     let mut seen = 0u64;
     loop {
         let mut spins = 0u32;
@@ -204,11 +284,42 @@ fn worker(sh: &Shared) {
         let job = unsafe { &*sh.job.load(Ordering::Relaxed) };
         let f: &Job = unsafe { &*job.0 };
         drain(sh, f, sh.n_tasks.load(Ordering::Relaxed));
+        let hint = Hint::take(sh);
         sh.pending.fetch_sub(1, Ordering::Release);
+        // The hint's addresses outlive nothing: a prefetch of memory since freed is harmless.
+        hint.prefetch(me, n_threads, || {
+            sh.generation.load(Ordering::Relaxed) == seen
+        });
     }
 }
 
 impl ThreadPool {
+    /// Asks the threads of the next [`ThreadPool::run`] of more than one task to prefetch (into
+    /// L2), once that batch has no tasks left for them, a share each of `ranges` (thread `i` the
+    /// `i`-th of `n_threads` equal parts of every range), `budget` bytes per thread at most. For
+    /// decode, whose steps stream their weights from memory: the weights of the step after the
+    /// next run, asked for while a thread would otherwise wait (for the others' tasks, or for the
+    /// caller's work between runs). Only a hint: it changes no result, and a thread stops as soon
+    /// as the pool needs it again. Runs of one task (run in place) leave it to the next run.
+    pub fn prefetch_after(&self, ranges: &[&[u8]], budget: usize) {
+        if self.workers.is_empty() {
+            return;
+        }
+        let sh = &*self.shared;
+        for (i, (a, n)) in sh.hints.iter().enumerate() {
+            let r = ranges
+                .get(i)
+                .map_or((0, 0), |r| (r.as_ptr() as usize, r.len()));
+            a.store(r.0, Ordering::Relaxed);
+            n.store(r.1, Ordering::Relaxed);
+        }
+        sh.hint_budget.store(budget, Ordering::Relaxed);
+    }
+
+    fn clear_hint(&self) {
+        self.shared.hint_budget.store(0, Ordering::Relaxed);
+    }
+
     /// Runs `f(rows, first_row)` over `data` (rows of `row_len` elements) in parallel, in slices of
     /// `rows_per_task` whole rows; `f` sees each row exactly once. For row-wise elementwise work.
     pub fn for_rows<T: Send>(
@@ -311,6 +422,79 @@ mod tests {
                 });
                 assert_eq!(sum.into_inner(), 4950);
             }
+        }
+    }
+
+    #[test]
+    fn a_hint_splits_its_ranges_over_the_threads_within_the_budget() {
+        let hint = Hint {
+            ranges: [(1 << 20, 1000), (2 << 20, 64 * 100), (0, 0)],
+            budget: 2 * 64 * 40,
+        };
+        let lines = |me: usize, n: usize| {
+            let mut v = Vec::new();
+            hint.lines(me, n, || true, |a| v.push(a));
+            v
+        };
+        // Two threads: halves of each range, 40 lines of each at most.
+        let base = |r: usize, o: usize| (r << 20) + o;
+        let t0: Vec<usize> = (0..8)
+            .map(|i| base(1, 64 * i))
+            .chain((0..40).map(|i| base(2, 64 * i)))
+            .collect();
+        assert_eq!(lines(0, 2), t0);
+        let t1: Vec<usize> = (0..8)
+            .map(|i| base(1, 500 + 64 * i))
+            .chain((0..40).map(|i| base(2, 3200 + 64 * i)))
+            .collect();
+        assert_eq!(lines(1, 2), t1);
+        // One thread: the first 40 lines of each.
+        assert_eq!(lines(0, 1).len(), 16 + 40);
+        // A thread that is needed again stops at its next look.
+        let looks = std::cell::Cell::new(0);
+        let mut seen = 0;
+        hint.lines(
+            0,
+            1,
+            || {
+                looks.set(looks.get() + 1);
+                looks.get() <= 2
+            },
+            |_| seen += 1,
+        );
+        assert_eq!(seen, 2 * HINT_LINES_PER_LOOK);
+        // No budget, no ranges: nothing.
+        let none = Hint { budget: 0, ..hint };
+        none.lines(0, 1, || true, |_| panic!("no line"));
+        let empty = Hint {
+            ranges: [(0, 0); MAX_HINTS],
+            ..hint
+        };
+        empty.lines(0, 1, || true, |_| panic!("no line"));
+    }
+
+    #[test]
+    fn a_hint_serves_the_next_run_alone_and_never_faults() {
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads);
+            let data = vec![7u8; 1 << 20];
+            let freed = vec![1u8; 1 << 16];
+            pool.prefetch_after(&[&data, &freed], 1 << 18);
+            // Whatever the hint points at may be gone by the time threads act on it.
+            drop(freed);
+            let sum = AtomicU64::new(0);
+            pool.run(50, &|i| {
+                sum.fetch_add(i as u64, Ordering::Relaxed);
+            });
+            assert_eq!(sum.into_inner(), 1225);
+            assert_eq!(pool.shared.hint_budget.load(Ordering::Relaxed), 0);
+            // A one-task run (in place) leaves the hint to the next run of several.
+            pool.prefetch_after(&[&data], 4096);
+            pool.run(1, &|_| {});
+            let left = pool.shared.hint_budget.load(Ordering::Relaxed);
+            assert_eq!(left, if threads > 1 { 4096 } else { 0 });
+            pool.run(2, &|_| {});
+            assert_eq!(pool.shared.hint_budget.load(Ordering::Relaxed), 0);
         }
     }
 
