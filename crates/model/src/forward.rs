@@ -450,8 +450,10 @@ impl Model {
         }
 
         s.acts.quantize(pool, layer.wo.ty, &s.attn, n, od, od);
-        let [first, second] = ffn_first(layer);
-        hint(pool, n, &[first, second]);
+        match &layer.ffn {
+            Ffn::Dense { gate, up, .. } => hint(pool, n, &[gate, up]),
+            Ffn::Moe { gate_inp, .. } => hint(pool, n, &[gate_inp]),
+        }
         matmul(pool, &layer.wo, &s.acts, n, &mut s.proj, d);
         emit(tap, "attn_out", l, &s.proj, n, d);
         if let Some(w) = &layer.attn_post_norm {
@@ -755,14 +757,6 @@ fn hint(pool: &ThreadPool, n: usize, ws: &[&Weight]) {
         *r = w.bytes();
     }
     pool.prefetch_after(&ranges, HINT_BYTES);
-}
-
-/// The weights a layer's FFN reads first.
-fn ffn_first(layer: &Layer) -> [&Weight; 2] {
-    match &layer.ffn {
-        Ffn::Dense { gate, up, .. } => [gate, up],
-        Ffn::Moe { gate_inp, .. } => [gate_inp, gate_inp],
-    }
 }
 
 /// [`fwht`] of every `chunk` elements of `rows` (`[n, width]`), rows spread over the threads.

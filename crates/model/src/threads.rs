@@ -286,7 +286,7 @@ fn worker(sh: &Shared, me: usize, n_threads: usize) {
         drain(sh, f, sh.n_tasks.load(Ordering::Relaxed));
         let hint = Hint::take(sh);
         sh.pending.fetch_sub(1, Ordering::Release);
-        // The hint's addresses outlive nothing: a prefetch of memory since freed is harmless.
+        // The hint may name memory freed since the batch ended: a prefetch never faults.
         hint.prefetch(me, n_threads, || {
             sh.generation.load(Ordering::Relaxed) == seen
         });
