@@ -260,7 +260,11 @@ impl Model {
     /// Hints what follows layer `l`: the next layer's Q, K and V.
     fn hint_after_layer(&self, pool: &ThreadPool, n: usize, l: usize) {
         if let Some(next) = self.layers.get(l + 1) {
-            hint(pool, n, &[&next.wq, &next.wk, &next.wv]);
+            hint(
+                pool,
+                n,
+                &[next.wq.bytes(), next.wk.bytes(), next.wv.bytes()],
+            );
         }
     }
 
@@ -318,11 +322,9 @@ impl Model {
         );
         emit(tap, "attn_norm", l, &s.xn, n, d);
 
-        if n <= HINT_TOKENS {
-            // Decode: the keys and values of the block this row writes and reads, for the K/V
-            // store and the attention after this pass (checked to exist by `check_batch`).
-            pool.prefetch_after(&kv.block_bytes_at(b.seq[0], l, b.pos[0]), HINT_BYTES);
-        }
+        // The keys and values of the block the (first) row writes and reads, for the K/V store
+        // and the attention after this pass (checked to exist by `check_batch`).
+        hint(pool, n, &kv.block_bytes_at(b.seq[0], l, b.pos[0]));
         let all = [Group::all(n)];
         shared_input_products(
             pool,
@@ -441,7 +443,7 @@ impl Model {
             scale: lc.attn_scale,
             softcap: lc.attn_softcap,
         };
-        hint(pool, n, &[&layer.wo]);
+        hint(pool, n, &[layer.wo.bytes()]);
         attend(pool, c, kv, l, &rows, &mut s.attn_scratch, &mut s.attn);
         let od = c.n_head * c.head_dim_v;
         emit(tap, "kqv_out", l, &s.attn, n, od);
@@ -451,8 +453,8 @@ impl Model {
 
         s.acts.quantize(pool, layer.wo.ty, &s.attn, n, od, od);
         match &layer.ffn {
-            Ffn::Dense { gate, up, .. } => hint(pool, n, &[gate, up]),
-            Ffn::Moe { gate_inp, .. } => hint(pool, n, &[gate_inp]),
+            Ffn::Dense { gate, up, .. } => hint(pool, n, &[gate.bytes(), up.bytes()]),
+            Ffn::Moe { gate_inp, .. } => hint(pool, n, &[gate_inp.bytes()]),
         }
         matmul(pool, &layer.wo, &s.acts, n, &mut s.proj, d);
         emit(tap, "attn_out", l, &s.proj, n, d);
@@ -490,7 +492,7 @@ impl Model {
                 s.acts.quantize(pool, gate.ty, &s.xn, n, d, d);
                 let all = [Group::all(n)];
                 let (q, acts) = (Some((&mut s.ffn_acts, down.ty)), &s.acts);
-                hint(pool, n, &[down]);
+                hint(pool, n, &[down.bytes()]);
                 matmul_swiglu(pool, act, gate, up, acts, &all, &mut s.ffn_a, ff, q);
                 self.hint_after_layer(pool, n, l);
                 matmul(pool, down, &s.ffn_acts, n, &mut s.proj, d);
@@ -746,17 +748,12 @@ const HINT_TOKENS: usize = 1;
 /// the pass in between reads.
 const HINT_BYTES: usize = 128 << 10;
 
-/// Hints the weights `ws` (single matrices; stacks of experts are not hinted) to the pool's next
-/// run when the batch has at most [`HINT_TOKENS`] rows.
-fn hint(pool: &ThreadPool, n: usize, ws: &[&Weight]) {
-    if n > HINT_TOKENS {
-        return;
+/// Hints `ranges` (single matrices' bytes, a K/V block) to the pool's next run when the batch has
+/// at most [`HINT_TOKENS`] rows.
+fn hint(pool: &ThreadPool, n: usize, ranges: &[&[u8]]) {
+    if n <= HINT_TOKENS {
+        pool.prefetch_after(ranges, HINT_BYTES);
     }
-    let mut ranges: [&[u8]; 3] = [&[]; 3];
-    for (r, w) in ranges.iter_mut().zip(ws.iter().filter(|w| w.n_mat == 1)) {
-        *r = w.bytes();
-    }
-    pool.prefetch_after(&ranges, HINT_BYTES);
 }
 
 /// [`fwht`] of every `chunk` elements of `rows` (`[n, width]`), rows spread over the threads.
