@@ -2,7 +2,8 @@
 //!
 //! One task covers a block of up to [`rows_per_task`] consecutive batch rows of one sequence and one
 //! KV head (with all the query heads that share it, or one of them when there would be too few tasks
-//! to keep the threads busy), or, decoding at depth, all KV heads of one chunk (below). Keys and values are read in blocks of [`KEYS`] positions, converted to
+//! to keep the threads busy), or, decoding at depth, the KV heads of one chunk that fit
+//! [`TASK_BLOCK_BYTES`] (below). Keys and values are read in blocks of [`KEYS`] positions, converted to
 //! f32 once per task and block and reused by every (row, head) of the task, or, when a task has
 //! no more queries than one kernel call takes (decode), read by the kernel where the cache holds
 //! them and widened as they are loaded (exact either way, so the same bits); the cache stores a
@@ -130,6 +131,10 @@ pub(crate) const CHUNK: usize = 4 * KEYS;
 /// per thread.
 const SPLIT_BELOW_PER_THREAD: usize = 4;
 
+/// Most bytes of a block (keys and values) a task's KV heads take, where a task could take all
+/// of them: its next block is prefetched into L2 while it computes this one.
+const TASK_BLOCK_BYTES: usize = 64 << 10;
+
 /// Most queries per task for which the block kernel reads the cache's f16 or f32 rows in place
 /// (at most two calls of [`heads`] per block, each widening the block as it loads it); more
 /// convert each block into f32 scratch once. Decode at depth 4096, 2 threads, Zen 4: SmolLM2 (3
@@ -223,7 +228,11 @@ pub(crate) fn attend(
         n_parts += (run.t1 - run.t0) as usize * c.n_head * run.nc as usize * sw;
     }
     let threads = pool.n_threads();
-    let split_depth = runs.len() * c.n_head_kv < SPLIT_BELOW_PER_THREAD * threads
+    // One decoding row always (not only with few KV heads): its chunks then run as tasks of as
+    // many KV heads as fit `TASK_BLOCK_BYTES`. Qwen3-0.6B's shape (8 KV heads of 128, 2 queries
+    // each, 28 layers) at depth 4096, 2 threads, AVX2: a task per KV head over the whole context
+    // 40-47 ms of attention a token; split, with the prefetch and value chains below, 26-32 ms.
+    let split_depth = (runs.len() * c.n_head_kv < SPLIT_BELOW_PER_THREAD * threads || n == 1)
         && runs.iter().any(|run| run.nc > 1)
         && n_parts <= MAX_PARTS;
     let per_kvh: usize = if split_depth {
@@ -254,7 +263,14 @@ pub(crate) fn attend(
     let decode_many = runs.iter().all(|run| run.t1 - run.t0 == 1)
         && runs.len() >= SPLIT_BELOW_PER_THREAD * threads;
     let kpt = if (split_depth && per_kvh >= SPLIT_BELOW_PER_THREAD * threads) || decode_many {
-        c.n_head_kv
+        // As many KV heads as keep a block's share within `TASK_BLOCK_BYTES` (a divisor of the
+        // KV heads).
+        let elem = if kv.ty() == KvType::F32 { 4 } else { 2 };
+        let head = KEYS * (hd + hdv) * elem;
+        (1..=c.n_head_kv)
+            .rev()
+            .find(|&k| c.n_head_kv.is_multiple_of(k) && k * head <= TASK_BLOCK_BYTES)
+            .unwrap_or(1)
     } else {
         1
     };
@@ -314,15 +330,22 @@ pub(crate) fn attend(
         });
     }
     if split_depth {
-        // Each (row, head): its chunks' states merged in chunk order.
+        // Each (row, head): its chunks' states merged in chunk order. A task per run, or per
+        // (run, head) when there are fewer runs than threads (one decoding row).
         let out = SharedMut::new(&mut out[..n * od]);
         let parts = &parts[..n_parts];
-        pool.run(runs.len(), &|i| {
-            let run = runs[i];
+        let per_head = runs.len() < threads;
+        let n_tasks = runs.len() * if per_head { c.n_head } else { 1 };
+        pool.run(n_tasks, &|i| {
+            let (run, heads) = if per_head {
+                (runs[i / c.n_head], i % c.n_head..i % c.n_head + 1)
+            } else {
+                (runs[i], 0..c.n_head)
+            };
             let mut st = [0f32; MAX_HEAD_DIM + 2];
             for t in run.t0 as usize..run.t1 as usize {
                 let (c_lo, c_hi) = (r.lo[t] / CHUNK, r.pos[t] / CHUNK);
-                for h in 0..c.n_head {
+                for h in heads.clone() {
                     let at = |ch: usize| {
                         let row = t - run.t0 as usize;
                         let off = run.part + ((row * c.n_head + h) * run.nc as usize + ch) * sw;
@@ -473,6 +496,36 @@ fn run_task(
     // into f32 scratch first and read back (35% of SmolLM2's decode at depth 4096). Many queries
     // (prefill) convert a block once for all of them.
     let direct = quant.is_none() && nq <= DIRECT_QUERIES;
+    // The block kernel's prefetch steps per block (every `EVERY` positions of a key chain, every
+    // `EVERY` keys of a value chain, per group of queries), over which the next block is
+    // prefetched; and where the task's keys end (a task that runs all chunks prefetches the next
+    // chunk's first block too).
+    let most = if level == Level::Avx2 {
+        if kv.ty() == KvType::F32 {
+            f32::AVX2_QUERIES
+        } else {
+            f16::AVX2_QUERIES
+        }
+    } else {
+        4
+    };
+    let per_group = |n: usize| {
+        let lanes = key_lanes(level, n);
+        KEYS / lanes * hd.div_ceil(Prefetch::EVERY) + hdv / lanes * KEYS / Prefetch::EVERY
+    };
+    let steps = nk
+        * (nq / most * per_group(most)
+            + if nq % most > 0 {
+                per_group(nq % most)
+            } else {
+                0
+            });
+    let shape = (hd, hdv, g.vd);
+    let k_end = if task.chunk == ALL {
+        max_len
+    } else {
+        ((task.chunk as usize + 1) * CHUNK).min(max_len)
+    };
     let chunks = if task.chunk == ALL {
         run.c0 as usize..(run.c0 + run.nc) as usize
     } else {
@@ -500,27 +553,18 @@ fn run_task(
             let kn = KEYS.min(max_len - k0);
             // One attention block is one pool block: its rows start at the block's first row.
             let (keys, values) = kv.block_rows(s, l, k0 / KEYS);
-            // The next block: all of it over the block kernel's steps when the task takes all
-            // KV heads (f16 or f32 read in place), else this KV head's share of it at once.
+            // The next block's share of the task's KV heads: over the block kernel's steps when it
+            // reads an f16 or f32 cache in place, else at once.
             let mut pf = None;
-            if k0 + KEYS < k_to {
+            if k0 + KEYS < k_end {
                 let (nk_rows, nv_rows) = kv.block_rows(s, l, k0 / KEYS + 1);
-                // The key chains' steps of the block: `hd` per group of up to 4 queries and key
-                // lanes of the level's kernel.
-                let lanes = if level == Level::Avx2 {
-                    AVX2_KEYS
-                } else {
-                    KEYS
-                };
-                let steps =
-                    nk * (t1 - t0) * hpt.div_ceil(4) * hd.div_ceil(Prefetch::EVERY) * KEYS / lanes;
-                let all = direct && nk * g.group == g.n_head;
-                pf = all
-                    .then(|| Prefetch::whole(&nk_rows, &nv_rows, steps))
+                let heads = kvh0..kvh0 + nk;
+                pf = direct
+                    .then(|| Prefetch::heads(&nk_rows, &nv_rows, heads.clone(), shape, steps))
                     .flatten()
                     .map(Cell::new);
                 if pf.is_none() {
-                    for kvh in kvh0..kvh0 + nk {
+                    for kvh in heads {
                         prefetch_block(&nk_rows, &nv_rows, kvh, hd, hdv, g.vd);
                     }
                 }
@@ -892,35 +936,78 @@ fn prefetch_block(keys: &Rows, values: &Rows, kvh: usize, hd: usize, hdv: usize,
     }
 }
 
-/// The next block's keys and values of a task that takes all KV heads (two runs of memory),
-/// prefetched into L2 a few lines per step of the block kernel's key chains rather than all at
-/// once: a block's burst of prefetches (768 lines for SmolLM2) waited on the core's miss buffers,
-/// the kernel's work held up behind them (AVX2, one thread, SmolLM2's 30 layers at depth 4096:
-/// 21-24 ms -> 16.9-17.2 ms per decode step's attention, `bench_attention_at_depth`).
+/// The next block's keys and values of a task's KV heads, prefetched into L2 a few lines per step
+/// of the block kernel's key chains rather than all at once: a block's burst of prefetches (768
+/// lines for SmolLM2) waited on the core's miss buffers, the kernel's work held up behind them
+/// (AVX2, one thread, SmolLM2's 30 layers at depth 4096: 21-24 ms -> 16.9-17.2 ms per decode
+/// step's attention, `bench_attention_at_depth`). The heads' keys are one run of memory (stored
+/// transposed, head after head), their values a run in each of the block's rows.
 #[derive(Clone, Copy)]
 struct Prefetch {
-    runs: [(*const u8, *const u8); 2],
+    /// What is left of the keys' run.
+    keys: (*const u8, *const u8),
+    /// What is left of the current value row's run, then `left` more runs of `run` bytes,
+    /// `stride` apart.
+    vals: (*const u8, *const u8),
+    run: usize,
+    stride: usize,
+    left: usize,
     per_step: usize,
 }
 
 impl Prefetch {
-    /// Both of `x` and `y`, over about `steps` steps.
-    fn new<T>(x: &[T], y: &[T], steps: usize) -> Prefetch {
-        let lines = (size_of_val(x) + size_of_val(y)).div_ceil(64);
-        let run = |v: &[T]| (v.as_ptr().cast::<u8>(), v.as_ptr_range().end.cast::<u8>());
-        Prefetch {
-            runs: [run(x), run(y)],
-            per_step: lines.div_ceil(steps.max(1)),
+    /// KV heads `heads` of an f16 or f32 block as the cache holds it (keys `[kvh, hd, KEYS]`,
+    /// value rows of `vd` with each head's `hdv`), over about `steps` steps; `None` for a
+    /// quantized block.
+    fn heads(
+        keys: &Rows,
+        values: &Rows,
+        heads: Range<usize>,
+        (hd, hdv, vd): (usize, usize, usize),
+        steps: usize,
+    ) -> Option<Prefetch> {
+        match (keys, values) {
+            (Rows::F16T(k), Rows::F16(v)) => Some(Prefetch::of(k, v, heads, (hd, hdv, vd), steps)),
+            (Rows::F32T(k), Rows::F32(v)) => Some(Prefetch::of(k, v, heads, (hd, hdv, vd), steps)),
+            _ => None,
         }
     }
 
-    /// All of an f16 or f32 block as the cache holds it (its transposed keys, its value rows),
-    /// over about `steps` steps; `None` for a quantized block.
-    fn whole(keys: &Rows, values: &Rows, steps: usize) -> Option<Prefetch> {
-        match (keys, values) {
-            (Rows::F16T(k), Rows::F16(v)) => Some(Prefetch::new(k, v, steps)),
-            (Rows::F32T(k), Rows::F32(v)) => Some(Prefetch::new(k, v, steps)),
-            _ => None,
+    /// [`Prefetch::heads`] of keys `k` and values `v` (what lies past their ends is left out).
+    fn of<T>(
+        k: &[T],
+        v: &[T],
+        heads: Range<usize>,
+        (hd, hdv, vd): (usize, usize, usize),
+        steps: usize,
+    ) -> Prefetch {
+        let bytes = |v: &[T]| {
+            let r = v.as_ptr_range();
+            (r.start.cast::<u8>(), r.end.cast::<u8>())
+        };
+        let kr = (heads.start * hd * KEYS).min(k.len())..(heads.end * hd * KEYS).min(k.len());
+        let keys = bytes(&k[kr]);
+        let (first, run) = (heads.start * hdv, heads.len() * hdv);
+        let rows = if v.len() >= first + run && vd > 0 {
+            (v.len() - first - run) / vd + 1
+        } else {
+            0
+        };
+        let vals = if rows > 0 {
+            bytes(&v[first..first + run])
+        } else {
+            (std::ptr::null(), std::ptr::null())
+        };
+        let size = size_of::<T>();
+        let lines = (keys.1 as usize - keys.0 as usize).div_ceil(64)
+            + rows * ((run * size).div_ceil(64) + 1);
+        Prefetch {
+            keys: (align_line(keys.0), keys.1),
+            vals: (align_line(vals.0), vals.1),
+            run: run * size,
+            stride: vd * size,
+            left: rows.saturating_sub(1),
+            per_step: lines.div_ceil(steps.max(1)),
         }
     }
 
@@ -932,19 +1019,44 @@ impl Prefetch {
     #[inline(always)]
     fn step(&mut self) {
         for _ in 0..self.per_step {
-            let (at, end) = &mut self.runs[usize::from(self.runs[0].0 >= self.runs[0].1)];
-            if *at >= *end {
+            let Some(_at) = self.next_line() else {
                 return;
-            }
+            };
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: a prefetch never faults; `at` lies within one of the two slices.
+            // SAFETY: a prefetch never faults.
             unsafe {
                 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-                _mm_prefetch::<_MM_HINT_T1>(at.cast());
+                _mm_prefetch::<_MM_HINT_T1>(_at.cast());
             }
-            *at = at.wrapping_add(64);
         }
     }
+
+    /// The next line to prefetch (the keys' run, then each value row's), if any is left.
+    #[inline(always)]
+    fn next_line(&mut self) -> Option<*const u8> {
+        let at = if self.keys.0 < self.keys.1 {
+            &mut self.keys.0
+        } else {
+            if self.vals.0 >= self.vals.1 {
+                if self.left == 0 {
+                    return None;
+                }
+                self.left -= 1;
+                // The next row's run: `stride` past the start of this one.
+                let start = self.vals.1.wrapping_sub(self.run).wrapping_add(self.stride);
+                self.vals = (align_line(start), start.wrapping_add(self.run));
+            }
+            &mut self.vals.0
+        };
+        let line = *at;
+        *at = at.wrapping_add(64);
+        Some(line)
+    }
+}
+
+/// The start of the 64-byte line holding `p`.
+fn align_line(p: *const u8) -> *const u8 {
+    p.wrapping_sub(p as usize % 64)
 }
 
 /// Prefetches `count` runs of `run` elements of `x`, the first at `first`, `stride` apart (what
@@ -1004,6 +1116,12 @@ trait Elem: Copy {
     unsafe fn widen<S: Soft, const W: usize>(x: &[Self; W]) -> [f32; W];
     /// One element as f32.
     fn f32(self) -> f32;
+    /// The 8 elements from `x` as f32 lanes.
+    ///
+    /// # Safety
+    /// The 8 elements lie within one allocation; the CPU has AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn ymm(x: *const Self) -> std::arch::x86_64::__m256;
 }
 
 impl Elem for f32 {
@@ -1015,6 +1133,13 @@ impl Elem for f32 {
     #[inline(always)]
     fn f32(self) -> f32 {
         self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn ymm(x: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's contract.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(x) }
     }
 }
 
@@ -1028,6 +1153,14 @@ impl Elem for f16 {
     #[inline(always)]
     fn f32(self) -> f32 {
         self.to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn ymm(x: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(x.cast())) }
     }
 }
 
@@ -1093,13 +1226,34 @@ unsafe fn block_avx2<const N: usize, E: Elem>(
     scale: Scale,
     state: [&mut [f32]; N],
 ) {
-    // 16 ymm registers: 16 keys and 16 outputs of 4 queries (8 accumulators) at a time; 64 of
-    // each, as on AVX-512, spilled the accumulators to the stack on every FMA.
-    block_body::<N, E, Avx2Soft, AVX2_KEYS, 16>(src, vals, live, scale, state)
+    match avx2_lanes(N) {
+        64 => block_body::<N, E, Avx2Soft, 64, 64>(src, vals, live, scale, state),
+        32 => block_body::<N, E, Avx2Soft, 32, 32>(src, vals, live, scale, state),
+        _ => block_body::<N, E, Avx2Soft, 16, 16>(src, vals, live, scale, state),
+    }
 }
 
-/// Key lanes the AVX2 block kernel keeps in registers at a time.
-const AVX2_KEYS: usize = 16;
+/// Key lanes (and output elements) the AVX2 block kernel keeps in registers at a time for `n`
+/// queries: 8 FMA chains at least (two FMAs a cycle of four cycles' latency) within the 16 ymm
+/// registers. Four queries of 16 keys and 16 outputs take 8 accumulators; 64 of each, as on
+/// AVX-512, spilled the accumulators to the stack on every FMA, and three queries of 32 (12
+/// accumulators, 3 broadcasts, a key or value vector) spilled too.
+const fn avx2_lanes(n: usize) -> usize {
+    match n {
+        1 => 64,
+        2 => 32,
+        _ => 16,
+    }
+}
+
+/// Key lanes the block kernel of `level` keeps in registers at a time for `n` queries.
+fn key_lanes(level: Level, n: usize) -> usize {
+    if level == Level::Avx2 {
+        avx2_lanes(n)
+    } else {
+        KEYS
+    }
+}
 
 /// A block's softmax steps, per kernel level; every level gives the same bits (the scalar code's
 /// operations lane by lane; a maximum does not depend on the order it is taken in).
@@ -1122,6 +1276,24 @@ trait Soft {
     /// # Safety
     /// As [`Soft::scale_max`].
     unsafe fn f16s<const W: usize>(x: &[f16; W]) -> [f32; W];
+    /// The value chains of `N` queries over the keys `keys` for the `OC` output elements of
+    /// each value row from `vx` (rows `vs` apart): `acc[n][i] = fma(p[n][k], v[k][i],
+    /// acc[n][i])` key by key in order, a prefetch step every [`Prefetch::EVERY`] keys. `false`
+    /// (nothing done) where the level leaves them to [`value_step`].
+    ///
+    /// # Safety
+    /// As [`Soft::scale_max`]; row `k`'s `OC` elements lie within `vx` for every key.
+    #[inline(always)]
+    unsafe fn value_chains<const N: usize, E: Elem, const OC: usize>(
+        _vx: &[E],
+        _vs: usize,
+        _keys: Range<usize>,
+        _p: &[[f32; KEYS]; N],
+        _acc: &mut [[f32; OC]; N],
+        _pf: &mut Option<Prefetch>,
+    ) -> bool {
+        false
+    }
 }
 
 /// The plain code (auto-vectorised as far as the compiler manages).
@@ -1367,6 +1539,95 @@ impl Soft for Avx2Soft {
         }
         y
     }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn value_chains<const N: usize, E: Elem, const OC: usize>(
+        vx: &[E],
+        vs: usize,
+        keys: Range<usize>,
+        p: &[[f32; KEYS]; N],
+        acc: &mut [[f32; OC]; N],
+        pf: &mut Option<Prefetch>,
+    ) -> bool {
+        // Three or four queries: LLVM's steps (over the keys once per 8 lanes, 6 or 8 chains)
+        // ran as fast or faster (the 12-layer Qwen3-MoE shape's 4-query calls: 1155 against
+        // 1275 us a layer at depth 4096, one thread); one or two queries had 1 or 2 chains.
+        if N > 2 {
+            return false;
+        }
+        let a = acc.as_mut_ptr().cast::<f32>();
+        // SAFETY: the caller's contract; `acc` is `N` rows of `OC` floats.
+        unsafe {
+            match OC {
+                16 => value_chains_avx2::<N, 2, E>(vx.as_ptr(), vs, keys, p, a, pf),
+                32 => value_chains_avx2::<N, 4, E>(vx.as_ptr(), vs, keys, p, a, pf),
+                64 => value_chains_avx2::<N, 8, E>(vx.as_ptr(), vs, keys, p, a, pf),
+                _ => return false,
+            }
+        }
+        true
+    }
+}
+
+/// [`Soft::value_chains`] on AVX2 for `8 * R` output elements, `acc` being `N` rows of them: the
+/// `N * R` chains in registers across the keys, each key's `R` value vectors loaded once. The
+/// generic steps left this to LLVM, which went over the keys once per 8 output lanes with `N`
+/// chains each, four of the FMAs' four cycles of latency for a 4-query call.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn value_chains_avx2<const N: usize, const R: usize, E: Elem>(
+    vx: *const E,
+    vs: usize,
+    keys: Range<usize>,
+    p: &[[f32; KEYS]; N],
+    acc: *mut f32,
+    pf: &mut Option<Prefetch>,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY (all below): `acc` holds `N * R * 8` floats and row `k`'s `8 * R` elements lie
+    // within `vx` for every key (the caller's contract).
+    let mut a = [[_mm256_setzero_ps(); R]; N];
+    for (n, a) in a.iter_mut().enumerate() {
+        for (r, a) in a.iter_mut().enumerate() {
+            *a = unsafe { _mm256_loadu_ps(acc.add((n * R + r) * 8)) };
+        }
+    }
+    let step = |k: usize, a: &mut [[__m256; R]; N]| {
+        let b: [__m256; N] = std::array::from_fn(|n| _mm256_set1_ps(p[n][k]));
+        let row = unsafe { vx.add(k * vs) };
+        #[allow(clippy::needless_range_loop)]
+        for r in 0..R {
+            let v = unsafe { E::ymm(row.add(r * 8)) };
+            for n in 0..N {
+                a[n][r] = _mm256_fmadd_ps(b[n], v, a[n][r]);
+            }
+        }
+    };
+    let mut k0 = keys.start;
+    while k0 + Prefetch::EVERY <= keys.end {
+        if let Some(pf) = pf {
+            pf.step();
+        }
+        for k in k0..k0 + Prefetch::EVERY {
+            step(k, &mut a);
+        }
+        k0 += Prefetch::EVERY;
+    }
+    if k0 < keys.end {
+        if let Some(pf) = pf {
+            pf.step();
+        }
+        for k in k0..keys.end {
+            step(k, &mut a);
+        }
+    }
+    for (n, a) in a.iter().enumerate() {
+        for (r, a) in a.iter().enumerate() {
+            unsafe { _mm256_storeu_ps(acc.add((n * R + r) * 8), *a) };
+        }
+    }
 }
 
 /// The maximum of 8 lanes (order-free).
@@ -1574,6 +1835,32 @@ unsafe fn chain_step<const N: usize, E: Elem, S: Soft, const KS: usize>(
     }
 }
 
+/// One key's step of the value chains of `N` queries for the `OC` output elements from `e0`:
+/// `acc[n][i] += p[n][k] * v[k][e0 + i]`.
+///
+/// # Safety
+/// Row `k`'s elements `e0..e0 + OC` lie within `vx` (rows `vs` apart); the CPU has `S`'s level.
+#[inline(always)]
+unsafe fn value_step<const N: usize, E: Elem, S: Soft, const OC: usize>(
+    vx: &[E],
+    vs: usize,
+    e0: usize,
+    k: usize,
+    p: &[[f32; KEYS]; N],
+    acc: &mut [[f32; OC]; N],
+) {
+    // SAFETY: the caller's contract.
+    let v = unsafe { &*vx.as_ptr().add(k * vs + e0).cast::<[E; OC]>() };
+    // SAFETY: as above.
+    let v = unsafe { E::widen::<S, OC>(v) };
+    for n in 0..N {
+        let pk = p[n][k];
+        for i in 0..OC {
+            acc[n][i] = pk.mul_add(v[i], acc[n][i]);
+        }
+    }
+}
+
 /// The block kernel: `KS` key lanes of the scores and `OC` output elements are kept in registers
 /// at a time (sized to the level's register file). Neither changes any element's operations or
 /// their order, only which elements are computed together.
@@ -1591,11 +1878,16 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
     assert!(ks < kc && kc <= KEYS && vs >= hdv && vx.len() >= (kc - 1) * vs + hdv);
     assert!(state.iter().all(|st| st.len() == hdv + 2));
     let mut s = [[0f32; KEYS]; N];
+    // The next block's lines, a share per step of the key chains and of the value chains.
+    let src_pf = match src {
+        Scores::Keys { pf, .. } => pf,
+        Scores::Given(_) => None,
+    };
+    let mut pf = src_pf.map(Cell::get);
     match src {
-        Scores::Keys { kt, q, pf: src_pf } => {
+        Scores::Keys { kt, q, .. } => {
             let hd = q[0].len();
             assert!(kt.len() == hd * KEYS && q.iter().all(|q| q.len() == hd));
-            let mut pf = src_pf.map(Cell::get);
             const { assert!(KEYS.is_multiple_of(KS)) };
             // For each key lane, one FMA chain over the head dimension in order; the groups of
             // `KS` lanes with no live key are skipped (their scores are never read).
@@ -1634,9 +1926,6 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
                     s[n][kb..kb + KS].copy_from_slice(&acc[n]);
                 }
             }
-            if let (Some(c), Some(pf)) = (src_pf, pf) {
-                c.set(pf);
-            }
         }
         Scores::Given(g) => {
             for (s, g) in s.iter_mut().zip(g) {
@@ -1671,19 +1960,31 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
                 *x *= alpha[n];
             }
         }
-        // `k` indexes the values and every query's weights.
-        #[allow(clippy::needless_range_loop)]
-        for k in ks..kc {
-            // SAFETY: `k < kc` and `e0 + OC <= hdv`, so the chunk ends by `(kc - 1) * vs + hdv`,
-            // within `vx` (asserted above).
-            let v = unsafe { &*vx.as_ptr().add(k * vs + e0).cast::<[E; OC]>() };
-            // SAFETY: as above.
-            let v = unsafe { E::widen::<S, OC>(v) };
-            for n in 0..N {
-                let pk = p[n][k];
-                for i in 0..OC {
-                    acc[n][i] = pk.mul_add(v[i], acc[n][i]);
-                }
+        // A prefetch step every `EVERY` keys: whole steps of a constant count, then the rest, as
+        // the key chains.
+        // SAFETY: `e0 + OC <= hdv`, so every live row's chunk ends by `(kc - 1) * vs + hdv`,
+        // within `vx` (asserted above); `S` is the caller's level.
+        let done =
+            unsafe { S::value_chains::<N, E, OC>(&vx[e0..], vs, ks..kc, &p, &mut acc, &mut pf) };
+        let mut k0 = if done { kc } else { ks };
+        while k0 + Prefetch::EVERY <= kc {
+            if let Some(pf) = &mut pf {
+                pf.step();
+            }
+            for k in k0..k0 + Prefetch::EVERY {
+                // SAFETY: `k < kc` and `e0 + OC <= hdv`, so the chunk ends by `(kc - 1) * vs +
+                // hdv`, within `vx` (asserted above); `S` is the caller's level.
+                unsafe { value_step::<N, E, S, OC>(vx, vs, e0, k, &p, &mut acc) };
+            }
+            k0 += Prefetch::EVERY;
+        }
+        if k0 < kc {
+            if let Some(pf) = &mut pf {
+                pf.step();
+            }
+            for k in k0..kc {
+                // SAFETY: as above.
+                unsafe { value_step::<N, E, S, OC>(vx, vs, e0, k, &p, &mut acc) };
             }
         }
         for n in 0..N {
@@ -1699,6 +2000,9 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
             }
             state[n][e] = acc;
         }
+    }
+    if let (Some(c), Some(pf)) = (src_pf, pf) {
+        c.set(pf);
     }
 }
 
@@ -1946,8 +2250,8 @@ mod tests {
         // strided values; a full block and a partial one, whose dead key lanes hold whatever the
         // pool has) gives the bits of the block converted into f32 scratch first, at every level,
         // for 1 to 8 query heads (up to two kernel calls) and a live range that starts inside the
-        // block.
-        for (hd, hdv) in [(64, 64), (72, 40)] {
+        // block; values of 256 for the AVX2 value chains of 64 lanes.
+        for (hd, hdv) in [(64, 64), (72, 40), (64, 256)] {
             let (kvh, vd) = (KVH, N_KV * hdv);
             let q: Vec<f32> = (0..8 * hd).map(|i| ((i as f32) * 0.7).sin()).collect();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -1970,7 +2274,9 @@ mod tests {
                     let (keys, values) = kv.block_rows(0, 1, b);
                     // The kernel reading in place also prefetches the other block as it goes.
                     let (nk, nv) = kv.block_rows(0, 1, 1 - b);
-                    let pf = Cell::new(Prefetch::whole(&nk, &nv, hd).expect("f16 and f32 caches"));
+                    let heads = 0..N_KV;
+                    let pf = Prefetch::heads(&nk, &nv, heads, (hd, hdv, vd), hd);
+                    let pf = Cell::new(pf.expect("f16 and f32 caches"));
                     for level in hearth_quant::simd::available_levels() {
                         let blk = BlockRows {
                             level,
@@ -2006,6 +2312,39 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_prefetch_covers_its_heads_lines_and_no_others() {
+        // Keys `[kvh, hd, KEYS]` and value rows of `vd` as a pool block holds them (f16, offset
+        // so that runs start inside lines): every line of the heads' keys, then of each row's
+        // run of their values, in that order, and nothing of the other heads.
+        let (hd, hdv, n_kv) = (40, 24, 4);
+        let vd = n_kv * hdv;
+        let k = vec![f16::ZERO; 3 + n_kv * hd * KEYS];
+        let v = vec![f16::ZERO; 5 + KEYS * vd];
+        let (k, v) = (&k[3..], &v[5..]);
+        let line = |p: *const f16| p as usize / 64;
+        for heads in [0..1, 1..3, 0..n_kv, 3..4] {
+            let mut want = Vec::new();
+            let mut push = |r: std::ops::Range<*const f16>| {
+                let (a, b) = (line(r.start), line(r.end.wrapping_sub(1)));
+                want.extend(a..=b);
+            };
+            push(k[heads.start * hd * KEYS..heads.end * hd * KEYS].as_ptr_range());
+            for row in 0..KEYS {
+                let at = row * vd;
+                push(v[at + heads.start * hdv..at + heads.end * hdv].as_ptr_range());
+            }
+            let mut pf = Prefetch::of(k, v, heads.clone(), (hd, hdv, vd), 10);
+            let mut got = Vec::new();
+            while let Some(p) = pf.next_line() {
+                got.push(p as usize / 64);
+            }
+            assert_eq!(got, want, "heads {heads:?}");
+            // The steps issue them all.
+            assert!(pf.per_step * 10 >= got.len());
         }
     }
 
