@@ -496,9 +496,9 @@ fn run_task(
     // into f32 scratch first and read back (35% of SmolLM2's decode at depth 4096). Many queries
     // (prefill) convert a block once for all of them.
     let direct = quant.is_none() && nq <= DIRECT_QUERIES;
-    // The block kernel's prefetch steps per block (every `EVERY` positions of a key chain, every
-    // `EVERY` keys of a value chain, per group of queries), over which the next block is
-    // prefetched; and where the task's keys end (a task that runs all chunks prefetches the next
+    // The block kernel's prefetch steps per block and group of queries (every `EVERY` positions
+    // of a key chain; every `EVERY` keys of the AVX2 value chains, else once per value pass),
+    // over which the next block is prefetched; and where the task's keys end (a task that runs all chunks prefetches the next
     // chunk's first block too).
     let most = if level == Level::Avx2 {
         if kv.ty() == KvType::F32 {
@@ -511,7 +511,12 @@ fn run_task(
     };
     let per_group = |n: usize| {
         let lanes = key_lanes(level, n);
-        KEYS / lanes * hd.div_ceil(Prefetch::EVERY) + hdv / lanes * KEYS / Prefetch::EVERY
+        let value_steps = if level == Level::Avx2 && n <= AVX2_VALUE_CHAINS {
+            KEYS / Prefetch::EVERY
+        } else {
+            1
+        };
+        KEYS / lanes * hd.div_ceil(Prefetch::EVERY) + hdv / lanes * value_steps
     };
     let steps = nk
         * (nq / most * per_group(most)
@@ -1246,6 +1251,9 @@ const fn avx2_lanes(n: usize) -> usize {
     }
 }
 
+/// Most queries whose value chains the AVX2 level runs as [`value_chains_avx2`].
+const AVX2_VALUE_CHAINS: usize = 2;
+
 /// Key lanes the block kernel of `level` keeps in registers at a time for `n` queries.
 fn key_lanes(level: Level, n: usize) -> usize {
     if level == Level::Avx2 {
@@ -1279,7 +1287,7 @@ trait Soft {
     /// The value chains of `N` queries over the keys `keys` for the `OC` output elements of
     /// each value row from `vx` (rows `vs` apart): `acc[n][i] = fma(p[n][k], v[k][i],
     /// acc[n][i])` key by key in order, a prefetch step every [`Prefetch::EVERY`] keys. `false`
-    /// (nothing done) where the level leaves them to [`value_step`].
+    /// (nothing done) where the level leaves them to the block kernel's plain loop.
     ///
     /// # Safety
     /// As [`Soft::scale_max`]; row `k`'s `OC` elements lie within `vx` for every key.
@@ -1553,7 +1561,7 @@ impl Soft for Avx2Soft {
         // Three or four queries: LLVM's steps (over the keys once per 8 lanes, 6 or 8 chains)
         // ran as fast or faster (the 12-layer Qwen3-MoE shape's 4-query calls: 1155 against
         // 1275 us a layer at depth 4096, one thread); one or two queries had 1 or 2 chains.
-        if N > 2 {
+        if N > AVX2_VALUE_CHAINS {
             return false;
         }
         let a = acc.as_mut_ptr().cast::<f32>();
@@ -1835,32 +1843,6 @@ unsafe fn chain_step<const N: usize, E: Elem, S: Soft, const KS: usize>(
     }
 }
 
-/// One key's step of the value chains of `N` queries for the `OC` output elements from `e0`:
-/// `acc[n][i] += p[n][k] * v[k][e0 + i]`.
-///
-/// # Safety
-/// Row `k`'s elements `e0..e0 + OC` lie within `vx` (rows `vs` apart); the CPU has `S`'s level.
-#[inline(always)]
-unsafe fn value_step<const N: usize, E: Elem, S: Soft, const OC: usize>(
-    vx: &[E],
-    vs: usize,
-    e0: usize,
-    k: usize,
-    p: &[[f32; KEYS]; N],
-    acc: &mut [[f32; OC]; N],
-) {
-    // SAFETY: the caller's contract.
-    let v = unsafe { &*vx.as_ptr().add(k * vs + e0).cast::<[E; OC]>() };
-    // SAFETY: as above.
-    let v = unsafe { E::widen::<S, OC>(v) };
-    for n in 0..N {
-        let pk = p[n][k];
-        for i in 0..OC {
-            acc[n][i] = pk.mul_add(v[i], acc[n][i]);
-        }
-    }
-}
-
 /// The block kernel: `KS` key lanes of the scores and `OC` output elements are kept in registers
 /// at a time (sized to the level's register file). Neither changes any element's operations or
 /// their order, only which elements are computed together.
@@ -1960,31 +1942,32 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
                 *x *= alpha[n];
             }
         }
-        // A prefetch step every `EVERY` keys: whole steps of a constant count, then the rest, as
-        // the key chains.
+        // The level's value chains (a prefetch step every `EVERY` keys), or the plain loop
+        // after one prefetch step: its steps within the loop over the keys (whole groups of
+        // `EVERY`, then the rest) had LLVM assemble six queries' weights lane by lane from the
+        // stack (`vinsertps`), SmolLM2's pp512 at depth 1024 626 -> 151 t/s.
         // SAFETY: `e0 + OC <= hdv`, so every live row's chunk ends by `(kc - 1) * vs + hdv`,
         // within `vx` (asserted above); `S` is the caller's level.
         let done =
             unsafe { S::value_chains::<N, E, OC>(&vx[e0..], vs, ks..kc, &p, &mut acc, &mut pf) };
-        let mut k0 = if done { kc } else { ks };
-        while k0 + Prefetch::EVERY <= kc {
+        if !done {
             if let Some(pf) = &mut pf {
                 pf.step();
             }
-            for k in k0..k0 + Prefetch::EVERY {
+            // `k` indexes the values and every query's weights.
+            #[allow(clippy::needless_range_loop)]
+            for k in ks..kc {
                 // SAFETY: `k < kc` and `e0 + OC <= hdv`, so the chunk ends by `(kc - 1) * vs +
-                // hdv`, within `vx` (asserted above); `S` is the caller's level.
-                unsafe { value_step::<N, E, S, OC>(vx, vs, e0, k, &p, &mut acc) };
-            }
-            k0 += Prefetch::EVERY;
-        }
-        if k0 < kc {
-            if let Some(pf) = &mut pf {
-                pf.step();
-            }
-            for k in k0..kc {
+                // hdv`, within `vx` (asserted above).
+                let v = unsafe { &*vx.as_ptr().add(k * vs + e0).cast::<[E; OC]>() };
                 // SAFETY: as above.
-                unsafe { value_step::<N, E, S, OC>(vx, vs, e0, k, &p, &mut acc) };
+                let v = unsafe { E::widen::<S, OC>(v) };
+                for n in 0..N {
+                    let pk = p[n][k];
+                    for i in 0..OC {
+                        acc[n][i] = pk.mul_add(v[i], acc[n][i]);
+                    }
+                }
             }
         }
         for n in 0..N {
