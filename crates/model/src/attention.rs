@@ -3,8 +3,8 @@
 //! One task covers a block of up to [`rows_per_task`] consecutive batch rows of one sequence and one
 //! KV head (with all the query heads that share it, or one of them when there would be too few tasks
 //! to keep the threads busy), or, decoding at depth, the KV heads of one chunk that fit
-//! [`TASK_BLOCK_BYTES`] (below). Keys and values are read in blocks of [`KEYS`] positions, converted to
-//! f32 once per task and block and reused by every (row, head) of the task, or, when a task has
+//! [`TASK_BLOCK_BYTES`] (below). Keys and values are read in blocks of [`KEYS`] positions,
+//! converted to f32 once per task and block and reused by every (row, head) of the task, or, when a task has
 //! no more queries than one kernel call takes (decode), read by the kernel where the cache holds
 //! them and widened as they are loaded (exact either way, so the same bits); the cache stores a
 //! block's keys transposed (positions along a row, see [`crate::kv_cache`]), so the conversion is
@@ -265,8 +265,7 @@ pub(crate) fn attend(
     let kpt = if (split_depth && per_kvh >= SPLIT_BELOW_PER_THREAD * threads) || decode_many {
         // As many KV heads as keep a block's share within `TASK_BLOCK_BYTES` (a divisor of the
         // KV heads).
-        let elem = if kv.ty() == KvType::F32 { 4 } else { 2 };
-        let head = KEYS * (hd + hdv) * elem;
+        let head = KEYS * (kv.ty().row_bytes(hd) + kv.ty().row_bytes(hdv));
         (1..=c.n_head_kv)
             .rev()
             .find(|&k| c.n_head_kv.is_multiple_of(k) && k * head <= TASK_BLOCK_BYTES)
@@ -498,16 +497,12 @@ fn run_task(
     let direct = quant.is_none() && nq <= DIRECT_QUERIES;
     // The block kernel's prefetch steps per block and group of queries (every `EVERY` positions
     // of a key chain; every `EVERY` keys of the AVX2 value chains, else once per value pass),
-    // over which the next block is prefetched; and where the task's keys end (a task that runs all chunks prefetches the next
-    // chunk's first block too).
-    let most = if level == Level::Avx2 {
-        if kv.ty() == KvType::F32 {
-            f32::AVX2_QUERIES
-        } else {
-            f16::AVX2_QUERIES
-        }
+    // over which the next block is prefetched; and where the task's keys end (a task that runs
+    // all chunks prefetches the next chunk's first block too).
+    let most = if kv.ty() == KvType::F32 {
+        queries_per_call::<f32>(level)
     } else {
-        4
+        queries_per_call::<f16>(level)
     };
     let per_group = |n: usize| {
         let lanes = key_lanes(level, n);
@@ -759,12 +754,7 @@ impl BlockRows<'_, '_> {
                         qi,
                     };
                     let st = &mut state[qi * sw..];
-                    let most = if self.level == Level::Avx2 {
-                        E::AVX2_QUERIES
-                    } else {
-                        4
-                    };
-                    qi += match (e * hpt - qi).min(most) {
+                    qi += match (e * hpt - qi).min(queries_per_call::<E>(self.level)) {
                         1 => heads::<1, E>(self.level, &src, vals, ks..kc, scale, st, sw),
                         2 => heads::<2, E>(self.level, &src, vals, ks..kc, scale, st, sw),
                         3 => heads::<3, E>(self.level, &src, vals, ks..kc, scale, st, sw),
@@ -1248,6 +1238,15 @@ const fn avx2_lanes(n: usize) -> usize {
         1 => 64,
         2 => 32,
         _ => 16,
+    }
+}
+
+/// Queries the block kernel of `level` takes per call, reading elements `E`.
+fn queries_per_call<E: Elem>(level: Level) -> usize {
+    if level == Level::Avx2 {
+        E::AVX2_QUERIES
+    } else {
+        4
     }
 }
 
