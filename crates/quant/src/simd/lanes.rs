@@ -39,7 +39,7 @@ use crate::iq4::KVALUES_IQ4NL;
 /// Weight rows per register (one per 32-bit lane).
 pub(super) const LANES: usize = 16;
 
-/// Most activation rows (tokens) one call of [`matrix`] takes; callers pass longer lists in parts.
+/// Most activation rows (tokens) one call of [`run`] takes; callers pass longer lists in parts.
 pub(super) const PASS: usize = 64;
 
 /// A weight format unpacked for lanes, paired with its activation format.
