@@ -10,7 +10,7 @@
 //! not meant for the model is not rendered, so that what a client resends renders to the same
 //! tokens and the prefix cache holds: Claude Code's billing header (`x-anthropic-billing-header:
 //! ...;` at the start of a system text, its fields changing per conversation or per request; see
-//! [`strip_billing_header`]), `metadata` (`user_id`: device and session ids) and `cache_control`
+//! `strip_billing_header`), `metadata` (`user_id`: device and session ids) and `cache_control`
 //! (breakpoints Claude Code moves to the newest message every turn).
 //! `thinking` `enabled` or `adaptive` turns the template's thinking on, `disabled` off; with
 //! `display: "omitted"` the reply carries no thinking blocks. Fields Hearth has no use for

@@ -19,7 +19,7 @@ pub enum Api {
 }
 
 /// A failed request: status and message. It does not know its API: a handler returns it, and the
-/// router's [`shape_errors`](crate::shape_errors) layer writes it in the error shape of the API the
+/// router's `shape_errors` layer writes it in the error shape of the API the
 /// request's path belongs to; inside a stream, the renderer asks for [`ApiError::body`] in its own
 /// API's shape.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -175,7 +175,7 @@ impl ApiError {
 }
 
 impl IntoResponse for ApiError {
-    /// The OpenAI shape, with the error attached so that [`crate::shape_errors`] can write it in
+    /// The OpenAI shape, with the error attached so that `shape_errors` can write it in
     /// the shape of the API the path belongs to.
     fn into_response(self) -> Response {
         let mut resp = self.response(Api::OpenAi);

@@ -5,7 +5,7 @@
 //! Weights are seeded normals with std 1/sqrt(fan_in) (untied token embeddings: 1; attn_output and
 //! ffn_down a further 1/sqrt(2 n_layer), GPT-2's scaling, see [`layout`]), norm weights
 //! 1 + 0.02·N(0, 1), so activations stay in range through any depth and the router spreads tokens
-//! evenly over the experts. The file streams to disk ([`write`]) with a progress bar in bytes.
+//! evenly over the experts. The file streams to disk ([`write`](mod@write)) with a progress bar in bytes.
 
 mod layout;
 mod preset;

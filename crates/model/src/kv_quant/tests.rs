@@ -318,7 +318,9 @@ fn stores_match_llama_cpp_cpu_quantizers() {
 /// of 64 over 3 KV heads), the types alternated and the median of each reported. Each timed
 /// call runs every one of `HEARTH_BENCH_LAYERS` layers (default 1; SmolLM2 has 30, whose cache
 /// at depth 4096 does not fit the caches, as in a decode step), on `HEARTH_BENCH_THREADS`
-/// threads (default 2). `HEARTH_SMOLLM2` may name another model file for its shape.
+/// threads (default 2). `HEARTH_SMOLLM2` may name another model file for its shape;
+/// `HEARTH_BENCH_KVH=k` gives that shape `k` KV heads (the same query heads per KV head and head
+/// sizes: value rows of another stride, e.g. the Qwen3-MoE shape's 8 query heads over 1 or 8).
 /// Run: `cargo test --release -p hearth-model --lib bench_attention -- --ignored --nocapture`
 /// (`HEARTH_KERNELS=avx2` for the AVX2 path, e.g. under callgrind, which has no AVX-512).
 #[test]
@@ -333,7 +335,13 @@ fn bench_attention_at_depth() {
         )
     });
     let model = crate::Model::open(&path).expect("scripts/fetch-model smollm2");
-    let c: &Config = &model.config;
+    let mut cfg: Config = model.config.clone();
+    if let Ok(k) = std::env::var("HEARTH_BENCH_KVH") {
+        let k: usize = k.parse().unwrap();
+        cfg.n_head = cfg.n_head / cfg.n_head_kv * k;
+        cfg.n_head_kv = k;
+    }
+    let c: &Config = &cfg;
     let depth: usize = std::env::var("HEARTH_BENCH_DEPTH").map_or(4096, |d| d.parse().unwrap());
     let iters: usize = std::env::var("HEARTH_BENCH_ITERS").map_or(20, |d| d.parse().unwrap());
     let layers: usize = std::env::var("HEARTH_BENCH_LAYERS").map_or(1, |d| d.parse().unwrap());

@@ -15,8 +15,8 @@
 //! and at most `max_workers` run at once, so concurrent renders share no unbounded resource.
 //!
 //! Wire format on the worker's stdin / stdout: frames of a little-endian `u32` length and JSON. The
-//! first frame parent → worker is the [`Init`] (source and limits); then each request is a
-//! [`ChatInput`] and each answer a [`Reply`].
+//! first frame parent → worker is the `Init` (source and limits); then each request is a
+//! [`ChatInput`] and each answer a `Reply`.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
