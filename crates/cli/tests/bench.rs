@@ -113,6 +113,16 @@ fn depth_runs_each_test_after_a_context() {
     assert!(table.contains("pp8 @ d40"), "{table}");
     assert!(table.contains("at depth 40"), "{table}");
 
+    // A decode-only run prefills its context in batches (once a token at a time).
+    let out = hearth(&[
+        "bench", model, "-t", "2", "-p", "0", "-n", "2", "-r", "1", "-d", "40",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("depth 40: context prefilled") && err.contains("batches of 40"),
+        "{err}"
+    );
+
     let out = Command::new(env!("CARGO_BIN_EXE_hearth"))
         .args(["bench", model, "-t", "2", "-d", "99999999999999"])
         .output()

@@ -98,7 +98,8 @@ pub fn run(args: Args) -> Result<()> {
     let m = args.model.load_unsized()?;
     let model = &m.model;
     let c = &model.config;
-    let mut scratch = Scratch::new(model, args.batch.clamp(1, args.n_prompt.max(1)));
+    let batch = prefill_batch(args.batch, args.n_prompt, &args.depth);
+    let mut scratch = Scratch::new(model, batch);
     let mut rng = Rng::new(1234);
     let mut random_tokens = |n: usize| -> Vec<u32> {
         (0..n)
@@ -132,9 +133,10 @@ pub fn run(args: Args) -> Result<()> {
                 let toks = random_tokens(depth);
                 prefill(model, &m.pool, &mut kv, &mut scratch, &toks, seq, 0)?;
             }
+            let secs = t0.elapsed().as_secs_f64();
             eprintln!(
-                "depth {depth}: context prefilled in {:.1} s",
-                t0.elapsed().as_secs_f64()
+                "depth {depth}: context prefilled in {secs:.1} s ({:.1} t/s, batches of {batch})",
+                (depth * n_seq) as f64 / secs
             );
         }
         let at = |name: String| {
@@ -636,10 +638,27 @@ fn peak_rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// Tokens per forward pass of a prefill: `-b`, no more than the longest prefill of the run (the
+/// prompt or the deepest context), at least one. A decode-only run at depth (`-p 0 -n 64 -d 4096`)
+/// still prefills its context in batches, not a token at a time.
+fn prefill_batch(batch: usize, n_prompt: usize, depths: &[usize]) -> usize {
+    let longest = depths.iter().copied().fold(n_prompt, usize::max);
+    batch.clamp(1, longest.max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn prefill_batches_cover_the_context_too() {
+        assert_eq!(prefill_batch(512, 0, &[4096]), 512);
+        assert_eq!(prefill_batch(512, 0, &[0, 40]), 40);
+        assert_eq!(prefill_batch(512, 128, &[0]), 128);
+        assert_eq!(prefill_batch(512, 0, &[0]), 1);
+        assert_eq!(prefill_batch(0, 512, &[4096]), 1);
+    }
 
     #[test]
     fn huge_pages_of_the_mapping_holding_an_address() {
