@@ -556,6 +556,8 @@ fn run_task(
             // The next block's share of the task's KV heads: over the block kernel's steps when it
             // reads an f16 or f32 cache in place, else at once.
             let mut pf = None;
+            // A quantized cache's next block: each head's rows as its scores go (`Ahead`).
+            let mut next = None;
             if k0 + KEYS < k_end {
                 let (nk_rows, nv_rows) = kv.block_rows(s, l, k0 / KEYS + 1);
                 let heads = kvh0..kvh0 + nk;
@@ -563,7 +565,9 @@ fn run_task(
                     .then(|| Prefetch::heads(&nk_rows, &nv_rows, heads.clone(), shape, steps))
                     .flatten()
                     .map(Cell::new);
-                if pf.is_none() {
+                if quant.is_some() {
+                    next = Some((nk_rows, nv_rows, KEYS.min(k_end - k0 - KEYS)));
+                } else if pf.is_none() {
                     for kvh in heads {
                         prefetch_block(&nk_rows, &nv_rows, kvh, hd, hdv, g.vd);
                     }
@@ -600,7 +604,26 @@ fn run_task(
                     // The head's queries against the block's rows of this KV head, all at once.
                     let keys = KeyRows::head(*ty, kb, *ks, hd, kvh, kn);
                     let q8 = &q8[kl * nq * q8b..(kl + 1) * nq * q8b];
-                    kv_quant::scores(level, hd, &keys, q8, nq, &mut sc[..nq * KEYS]);
+                    let ahead = match &next {
+                        Some((
+                            Rows::Quant { data, stride, .. },
+                            Rows::Quant {
+                                data: vd,
+                                stride: vs,
+                                ..
+                            },
+                            n,
+                        )) => {
+                            let rows = |d, s, dim| kv_quant::Ahead {
+                                rows: KeyRows::head(*ty, d, s, dim, kvh, *n),
+                                bytes: ty.row_bytes(dim),
+                            };
+                            Some([rows(data, *stride, hd), rows(vd, *vs, hdv)])
+                        }
+                        _ => None,
+                    };
+                    let ahead = ahead.as_ref().map_or(&[][..], |a| &a[..]);
+                    kv_quant::scores(level, hd, &keys, q8, nq, &mut sc[..nq * KEYS], ahead);
                     let vrows = KeyRows::head(*ty, vb, *vs, hdv, kvh, kn);
                     kv_quant::values(level, hdv, &vrows, &mut vals[..kn * hdv]);
                     let v = Vals::packed(&vals[..kn * hdv], hdv);

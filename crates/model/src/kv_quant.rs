@@ -11,7 +11,9 @@
 //! - the query is quantized to K's `vec_dot_type` (Q8_0 for both) with the same Q8_0 `from_float`,
 //!   and each score is K's `vec_dot` against it: an exact integer sum per 32-block, then one f32
 //!   chain `acc = fma(dk * dq, isum_b, acc)` over the blocks in order (`hearth_quant`'s SIMD kernels,
-//!   which compute it for any number of rows and tokens; ggml sums its lanes in another order);
+//!   which compute it for any number of rows and tokens, and for a decoding row's few queries
+//!   against Q8_0 keys on AVX2 a kernel with the queries in lanes; ggml sums its lanes in another
+//!   order);
 //! - V rows are dequantized to f32 (`to_float`, exact: one product `q * d` per element) and the
 //!   output is accumulated in f32 by attention as for an f16 cache.
 //!
@@ -22,12 +24,17 @@
 //! level (AVX-512, AVX2, scalar) gives the same bits: the scalar functions here are the twins the
 //! SIMD ones are tested against.
 
+#[cfg(target_arch = "x86_64")]
+use std::ptr::read_unaligned;
+
 use half::f16;
 #[cfg(target_arch = "x86_64")]
 use hearth_quant::simd::{vec_dot_matrix_at, Isa};
 use hearth_quant::{cast_blocks, cast_blocks_mut, BlockQ4_0, BlockQ8_0, GgmlType, Level};
 
 use crate::attention::KEYS;
+#[cfg(target_arch = "x86_64")]
+use crate::attention::MAX_HEAD_DIM;
 
 /// Elements per quant block of both types.
 pub(crate) const QK: usize = 32;
@@ -222,7 +229,18 @@ impl<'a> KeyRows<'a> {
 /// [`store_row`] writes them) against the block's keys: `out[j * KEYS + k]` for query `j` and key
 /// `k < keys.count`, zero for the lanes past it (`out`: `[n, KEYS]`). Each score is a function of
 /// its query row and key row only, the same bits at every level and for any `n`.
-pub(crate) fn scores(level: Level, hd: usize, keys: &KeyRows, q: &[u8], n: usize, out: &mut [f32]) {
+///
+/// `ahead` names rows (and their bytes) to bring into L2 meanwhile, the next block's K and V rows
+/// of the head: the AVX2 Q8_0 kernel prefetches them a row per key it scores, the others at once.
+pub(crate) fn scores(
+    level: Level,
+    hd: usize,
+    keys: &KeyRows,
+    q: &[u8],
+    n: usize,
+    out: &mut [f32],
+    ahead: &[Ahead],
+) {
     let qb = q8_row_bytes(hd);
     assert!(hd.is_multiple_of(QK) && keys.count <= KEYS && n * KEYS <= out.len());
     assert!(q.len() >= n * qb);
@@ -233,6 +251,17 @@ pub(crate) fn scores(level: Level, hd: usize, keys: &KeyRows, q: &[u8], n: usize
     }
     if keys.count == 0 || n == 0 {
         return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx2 && keys.ty == KvQuant::Q8_0 && n <= QUERY_LANES && hd <= MAX_HEAD_DIM {
+        // SAFETY: the level is at most what the CPU supports (hearth_quant checks); the lengths
+        // are checked above.
+        return unsafe { scores_q8_0_avx2(hd, keys, q, n, out, ahead) };
+    }
+    for a in ahead {
+        for k in 0..a.rows.count {
+            a.prefetch(k);
+        }
     }
     #[cfg(target_arch = "x86_64")]
     if level >= Level::Avx2 {
@@ -263,6 +292,226 @@ pub(crate) fn scores(level: Level, hd: usize, keys: &KeyRows, q: &[u8], n: usize
             out[j * KEYS + k] = score_scalar(keys.ty, row, qj);
         }
     }
+}
+
+/// Most queries [`scores_q8_0_avx2`] takes: one per lane.
+#[cfg(target_arch = "x86_64")]
+const QUERY_LANES: usize = 8;
+
+/// [`scores`] of up to 8 queries against Q8_0 keys on AVX2: a decoding row's query heads of one
+/// KV head. The queries sit in the lanes (set up once per call: per block and 4-byte group, the 8
+/// queries' bytes, their absolute values, their scales) and each key's 4-byte groups are
+/// broadcast, so a key's integer sums come out for all 8 queries at once, with no transposed key
+/// rows and no per-query reduction; the key-rows-in-lanes kernel of `hearth_quant` is built for
+/// many tokens against long rows, and here (64 keys of 4 blocks, 8 queries: the Qwen3-MoE shape)
+/// it took 36% of a decode step's attention at depth 16384. With this kernel and the next block's
+/// rows prefetched a row per key (`ahead`) instead of all at once, that attention (12 layers, 2
+/// threads, `bench_attention_at_depth`) went from 58-63 to 45-48 ms (fastest of 8, 3 alternating
+/// runs). Each score's integer sum per block is exact and its f32
+/// chain `acc = fma(dk * dq, isum_b, acc)` runs over the blocks in order, as in [`score_scalar`]
+/// (the sign trick `|q| * sign(k, q)` is exact for quants in -127..=127, which every quantizer
+/// here writes; `hearth_quant` makes the same assumption).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `hd <= MAX_HEAD_DIM`, `n <= QUERY_LANES` and the lengths are
+/// those [`scores`] checks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_q8_0_avx2(
+    hd: usize,
+    keys: &KeyRows,
+    q: &[u8],
+    n: usize,
+    out: &mut [f32],
+    ahead: &[Ahead],
+) {
+    use std::arch::x86_64::*;
+    const MAX_BLOCKS: usize = MAX_HEAD_DIM / QK;
+    let (nb, qb) = (hd / QK, q8_row_bytes(hd));
+    // Block `b`, group `j`: lane `l` holds bytes 4j..4j + 4 of query `l`'s block `b` (zero past
+    // `n`), as they are (`qs`) and as absolute values (`qa`); `dq[b]`: the queries' scales.
+    let mut qs = [[_mm256_setzero_si256(); 8]; MAX_BLOCKS];
+    let mut qa = [[_mm256_setzero_si256(); 8]; MAX_BLOCKS];
+    let mut dq = [_mm256_setzero_ps(); MAX_BLOCKS];
+    for b in 0..nb {
+        let mut d = [0u16; QUERY_LANES];
+        let rows: [__m256; 8] = std::array::from_fn(|l| {
+            if l < n {
+                let at = l * qb + b * Q8_BYTES;
+                d[l] = u16::from_le_bytes([q[at], q[at + 1]]);
+                let x = &q[at + 2..at + Q8_BYTES];
+                // SAFETY: `x` holds the block's 32 quants.
+                _mm256_castsi256_ps(unsafe { _mm256_loadu_si256(x.as_ptr().cast()) })
+            } else {
+                _mm256_setzero_ps()
+            }
+        });
+        // SAFETY: the caller's CPU has AVX2 and F16C.
+        dq[b] = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().cast())) };
+        // SAFETY: as above.
+        let groups = unsafe { transpose8(rows) };
+        for j in 0..8 {
+            qs[b][j] = _mm256_castps_si256(groups[j]);
+            qa[b][j] = _mm256_abs_epi8(qs[b][j]);
+        }
+    }
+    // Eight keys at a time, turned into eight queries' runs of 8 scores.
+    let mut k0 = 0;
+    while k0 < keys.count {
+        let mut r = [_mm256_setzero_ps(); 8];
+        let mut i = 0;
+        while i < 8 && k0 + i < keys.count {
+            for a in ahead {
+                a.prefetch(k0 + i);
+                a.prefetch(k0 + i + 1);
+            }
+            let at = |k: usize| {
+                // SAFETY: row `k < count` lies within `keys.data` (checked by the caller).
+                unsafe { keys.data.as_ptr().add(k * keys.stride) }
+            };
+            if i + 1 < 8 && k0 + i + 1 < keys.count {
+                // SAFETY: both rows hold `nb` blocks; the caller's CPU has AVX2, FMA and F16C.
+                let [a, b] =
+                    unsafe { q8_0_keys::<2>([at(k0 + i), at(k0 + i + 1)], nb, &qs, &qa, &dq) };
+                (r[i], r[i + 1]) = (a, b);
+                i += 2;
+            } else {
+                // SAFETY: as above.
+                [r[i]] = unsafe { q8_0_keys::<1>([at(k0 + i)], nb, &qs, &qa, &dq) };
+                i += 1;
+            }
+        }
+        // SAFETY: the caller's CPU has AVX2.
+        let t = unsafe { transpose8(r) };
+        for (l, t) in t.iter().enumerate().take(n) {
+            // `k0 + 8 <= KEYS`: `k0` is a multiple of 8 below `count <= KEYS`, a multiple of 8.
+            let o = &mut out[l * KEYS + k0..l * KEYS + k0 + 8];
+            // SAFETY: `o` holds 8 floats.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *t) };
+        }
+        k0 += 8;
+    }
+}
+
+/// Rows to bring into L2 while a kernel works on others: `bytes` bytes of each row of `rows`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ahead<'a> {
+    pub rows: KeyRows<'a>,
+    pub bytes: usize,
+}
+
+impl Ahead<'_> {
+    /// Prefetches row `k`'s lines into L2 (nothing past the last row or the data).
+    #[inline(always)]
+    fn prefetch(&self, k: usize) {
+        if k >= self.rows.count {
+            return;
+        }
+        let from = k * self.rows.stride;
+        let Some(row) = self
+            .rows
+            .data
+            .get(from..(from + self.bytes).min(self.rows.data.len()))
+        else {
+            return;
+        };
+        let r = row.as_ptr_range();
+        let mut line = r.start.wrapping_sub(r.start as usize % 64);
+        while line < r.end {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch never faults.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                _mm_prefetch::<_MM_HINT_T1>(line.cast());
+            }
+            line = line.wrapping_add(64);
+        }
+    }
+}
+
+/// Bytes of a Q8_0 block.
+#[cfg(target_arch = "x86_64")]
+const Q8_BYTES: usize = std::mem::size_of::<BlockQ8_0>();
+
+/// The 8 lanes' scores of `R` keys (rows of `nb` Q8_0 blocks at `rows`) for
+/// [`scores_q8_0_avx2`]: per block the 8 integer sums, then the f32 chain; the queries' groups are
+/// loaded once for the `R` keys.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; each row holds `nb <= MAX_HEAD_DIM / QK` blocks.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn q8_0_keys<const R: usize>(
+    rows: [*const u8; R],
+    nb: usize,
+    qs: &[[std::arch::x86_64::__m256i; 8]],
+    qa: &[[std::arch::x86_64::__m256i; 8]],
+    dq: &[std::arch::x86_64::__m256],
+) -> [std::arch::x86_64::__m256; R] {
+    use std::arch::x86_64::*;
+    // SAFETY (all below): the caller's contract.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].add(b * Q8_BYTES));
+            let mut is = [_mm256_setzero_si256(); R];
+            for j in 0..8 {
+                let (s, a) = (qs[b][j], qa[b][j]);
+                for r in 0..R {
+                    let kb = _mm256_set1_epi32(read_unaligned(blk[r].add(2 + 4 * j).cast::<i32>()));
+                    let p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(kb, s));
+                    is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(p, ones));
+                }
+            }
+            for r in 0..R {
+                // F16C's widening of the key's scale (exact, as `f16::to_f32`).
+                let dk = read_unaligned(blk[r].cast::<u16>());
+                let dk = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dk as i32)));
+                let d = _mm256_mul_ps(dk, dq[b]);
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(is[r]), acc[r]);
+            }
+        }
+        acc
+    }
+}
+
+/// The 8 × 8 transpose: lane `i` of output `j` is lane `j` of input `i`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
+    use std::arch::x86_64::*;
+    let t: [__m256; 8] = std::array::from_fn(|i| {
+        let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
+        if i % 2 == 0 {
+            _mm256_unpacklo_ps(a, b)
+        } else {
+            _mm256_unpackhi_ps(a, b)
+        }
+    });
+    // t0 = (r0[0] r1[0] r0[1] r1[1] | r0[4] r1[4] r0[5] r1[5]), t1 the same for lanes 2, 3 / 6, 7.
+    let s: [__m256; 8] = std::array::from_fn(|i| {
+        let (a, b) = (
+            t[4 * (i / 4) + (i % 4) / 2],
+            t[4 * (i / 4) + 2 + (i % 4) / 2],
+        );
+        if i % 2 == 0 {
+            _mm256_shuffle_ps::<0x44>(a, b)
+        } else {
+            _mm256_shuffle_ps::<0xEE>(a, b)
+        }
+    });
+    // s0 = (r0[0] r1[0] r2[0] r3[0] | r0[4] ..), s1 = lane 1 / 5, s2 = lane 2 / 6, s3 = lane 3 / 7;
+    // s4..s7 the same for rows 4..7.
+    std::array::from_fn(|j| {
+        let (a, b) = (s[j % 4], s[4 + j % 4]);
+        if j < 4 {
+            _mm256_permute2f128_ps::<0x20>(a, b)
+        } else {
+            _mm256_permute2f128_ps::<0x31>(a, b)
+        }
+    })
 }
 
 /// One score, the scalar twin of the SIMD kernels: per block the exact integer sum, then

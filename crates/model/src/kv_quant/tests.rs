@@ -214,7 +214,7 @@ fn scores_are_the_same_at_every_level_and_for_any_number_of_queries() {
                     );
                 }
                 let mut want = vec![f32::NAN; n * KEYS];
-                scores(Level::Scalar, hd, &keys, &q, n, &mut want);
+                scores(Level::Scalar, hd, &keys, &q, n, &mut want, &[]);
                 for j in 0..n {
                     assert!(want[j * KEYS + count..(j + 1) * KEYS]
                         .iter()
@@ -233,9 +233,14 @@ fn scores_are_the_same_at_every_level_and_for_any_number_of_queries() {
                     }
                 }
                 for level in available_levels() {
-                    for m in [1, 2, 4, 5, n] {
+                    for m in [1, 2, 4, 5, 8, n] {
                         let mut got = vec![f32::NAN; m * KEYS];
-                        scores(level, hd, &keys, &q, m, &mut got);
+                        // Prefetching the rows themselves ahead changes nothing.
+                        let ahead = [Ahead {
+                            rows: keys,
+                            bytes: ty.row_bytes(hd),
+                        }];
+                        scores(level, hd, &keys, &q, m, &mut got, &ahead[..m % 2]);
                         assert_eq!(
                             bits(&got),
                             bits(&want[..m * KEYS]),
