@@ -356,6 +356,7 @@ unsafe fn scores_q8_0_avx2(
         }
     }
     // Eight keys at a time, turned into eight queries' runs of 8 scores.
+    const { assert!(KEYS.is_multiple_of(8)) };
     let mut k0 = 0;
     while k0 < keys.count {
         let mut r = [_mm256_setzero_ps(); 8];
