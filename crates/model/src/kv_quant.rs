@@ -253,10 +253,10 @@ pub(crate) fn scores(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx2 && keys.ty == KvQuant::Q8_0 && n <= QUERY_LANES && hd <= MAX_HEAD_DIM {
+    if level == Level::Avx2 && n <= QUERY_LANES && hd <= MAX_HEAD_DIM {
         // SAFETY: the level is at most what the CPU supports (hearth_quant checks); the lengths
         // are checked above.
-        return unsafe { scores_q8_0_avx2(hd, keys, q, n, out, ahead) };
+        return unsafe { scores_lanes_avx2(hd, keys, q, n, out, ahead) };
     }
     for a in ahead {
         for k in 0..a.rows.count {
@@ -294,30 +294,32 @@ pub(crate) fn scores(
     }
 }
 
-/// Most queries [`scores_q8_0_avx2`] takes: one per lane.
+/// Most queries [`scores_lanes_avx2`] takes: one per lane.
 #[cfg(target_arch = "x86_64")]
 const QUERY_LANES: usize = 8;
 
-/// [`scores`] of up to 8 queries against Q8_0 keys on AVX2: a decoding row's query heads of one
-/// KV head. The queries sit in the lanes (set up once per call: per block and 4-byte group, the 8
-/// queries' bytes, their absolute values, their scales) and each key's 4-byte groups are
+/// [`scores`] of up to 8 queries on AVX2: a decoding row's query heads of one KV head. The
+/// queries sit in the lanes (set up once per call: per block and 4-byte group, the 8 queries'
+/// bytes, their absolute values, their sums, their scales) and each key's 4-byte groups are
 /// broadcast, so a key's integer sums come out for all 8 queries at once, with no transposed key
-/// rows and no per-query reduction; the key-rows-in-lanes kernel of `hearth_quant` is built for
+/// rows and no per-query reduction. For Q8_0 keys the key-rows-in-lanes kernel of `hearth_quant`
+/// is built for
 /// many tokens against long rows, and here (64 keys of 4 blocks, 8 queries: the Qwen3-MoE shape)
 /// it took 36% of a decode step's attention at depth 16384. With this kernel and the next block's
 /// rows prefetched a row per key (`ahead`) instead of all at once, that attention (12 layers, 2
 /// threads, `bench_attention_at_depth`) went from 58-63 to 45-48 ms (fastest of 8, 3 alternating
-/// runs). Each score's integer sum per block is exact and its f32
-/// chain `acc = fma(dk * dq, isum_b, acc)` runs over the blocks in order, as in [`score_scalar`]
-/// (the sign trick `|q| * sign(k, q)` is exact for quants in -127..=127, which every quantizer
-/// here writes; `hearth_quant` makes the same assumption).
+/// runs). Q4_0 keys take their nibbles as the unsigned operand (`Σ nib * q - 8 Σ q`). Each
+/// score's integer sum per block is exact and its f32 chain `acc = fma(dk * dq, isum_b, acc)`
+/// runs over the blocks in order, as in [`score_scalar`] (Q8_0's sign trick `|q| * sign(k, q)`
+/// is exact for quants in -127..=127, which every quantizer here writes; `hearth_quant` makes the
+/// same assumption).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `hd <= MAX_HEAD_DIM`, `n <= QUERY_LANES` and the lengths are
 /// those [`scores`] checks.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scores_q8_0_avx2(
+unsafe fn scores_lanes_avx2(
     hd: usize,
     keys: &KeyRows,
     q: &[u8],
@@ -329,10 +331,13 @@ unsafe fn scores_q8_0_avx2(
     const MAX_BLOCKS: usize = MAX_HEAD_DIM / QK;
     let (nb, qb) = (hd / QK, q8_row_bytes(hd));
     // Block `b`, group `j`: lane `l` holds bytes 4j..4j + 4 of query `l`'s block `b` (zero past
-    // `n`), as they are (`qs`) and as absolute values (`qa`); `dq[b]`: the queries' scales.
+    // `n`), as they are (`qs`) and as absolute values (`qa`); `dq[b]`: the queries' scales;
+    // `q8[b]`: 8 times the sums of the queries' quants (Q4_0's offset).
     let mut qs = [[_mm256_setzero_si256(); 8]; MAX_BLOCKS];
     let mut qa = [[_mm256_setzero_si256(); 8]; MAX_BLOCKS];
     let mut dq = [_mm256_setzero_ps(); MAX_BLOCKS];
+    let mut q8 = [_mm256_setzero_si256(); MAX_BLOCKS];
+    let (ones8, ones16) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1));
     for b in 0..nb {
         let mut d = [0u16; QUERY_LANES];
         let rows: [__m256; 8] = std::array::from_fn(|l| {
@@ -350,10 +355,14 @@ unsafe fn scores_q8_0_avx2(
         dq[b] = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().cast())) };
         // SAFETY: as above.
         let groups = unsafe { transpose8(rows) };
+        let mut sum = _mm256_setzero_si256();
         for j in 0..8 {
             qs[b][j] = _mm256_castps_si256(groups[j]);
             qa[b][j] = _mm256_abs_epi8(qs[b][j]);
+            let pairs = _mm256_maddubs_epi16(ones8, qs[b][j]);
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones16));
         }
+        q8[b] = _mm256_slli_epi32::<3>(sum);
     }
     // Eight keys at a time, turned into eight queries' runs of 8 scores.
     const { assert!(KEYS.is_multiple_of(8)) };
@@ -370,15 +379,21 @@ unsafe fn scores_q8_0_avx2(
                 // SAFETY: row `k < count` lies within `keys.data` (checked by the caller).
                 unsafe { keys.data.as_ptr().add(k * keys.stride) }
             };
+            // SAFETY (all four): the rows hold `nb` blocks of the type; the caller's CPU has
+            // AVX2, FMA and F16C.
             if i + 1 < 8 && k0 + i + 1 < keys.count {
-                // SAFETY: both rows hold `nb` blocks; the caller's CPU has AVX2, FMA and F16C.
-                let [a, b] =
-                    unsafe { q8_0_keys::<2>([at(k0 + i), at(k0 + i + 1)], nb, &qs, &qa, &dq) };
-                (r[i], r[i + 1]) = (a, b);
+                let rows = [at(k0 + i), at(k0 + i + 1)];
+                [r[i], r[i + 1]] = match keys.ty {
+                    KvQuant::Q8_0 => unsafe { q8_0_keys::<2>(rows, nb, &qs, &qa, &dq) },
+                    KvQuant::Q4_0 => unsafe { q4_0_keys::<2>(rows, nb, &qs, &q8, &dq) },
+                };
                 i += 2;
             } else {
-                // SAFETY: as above.
-                [r[i]] = unsafe { q8_0_keys::<1>([at(k0 + i)], nb, &qs, &qa, &dq) };
+                let rows = [at(k0 + i)];
+                [r[i]] = match keys.ty {
+                    KvQuant::Q8_0 => unsafe { q8_0_keys::<1>(rows, nb, &qs, &qa, &dq) },
+                    KvQuant::Q4_0 => unsafe { q4_0_keys::<1>(rows, nb, &qs, &q8, &dq) },
+                };
                 i += 1;
             }
         }
@@ -434,8 +449,61 @@ impl Ahead<'_> {
 #[cfg(target_arch = "x86_64")]
 const Q8_BYTES: usize = std::mem::size_of::<BlockQ8_0>();
 
+/// Bytes of a Q4_0 block.
+#[cfg(target_arch = "x86_64")]
+const Q4_BYTES: usize = std::mem::size_of::<BlockQ4_0>();
+
+/// [`q8_0_keys`] for Q4_0 keys: group `g < 4` of a block's 16 bytes holds elements `4g..4g + 4`
+/// in its low nibbles and `16 + 4g..` in its high ones, each the unsigned operand against the
+/// queries' group `g` or `4 + g` (products of at most 15 × 127, so a block's pair sums add up in
+/// i16 without overflow), less `q8` (8 times the queries' sums) for the offset of 8.
+///
+/// # Safety
+/// As [`q8_0_keys`], with Q4_0 blocks.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn q4_0_keys<const R: usize>(
+    rows: [*const u8; R],
+    nb: usize,
+    qs: &[[std::arch::x86_64::__m256i; 8]],
+    q8: &[std::arch::x86_64::__m256i],
+    dq: &[std::arch::x86_64::__m256],
+) -> [std::arch::x86_64::__m256; R] {
+    use std::arch::x86_64::*;
+    // SAFETY (all below): the caller's contract.
+    unsafe {
+        let (ones, nib) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0x0f));
+        let mut acc = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].add(b * Q4_BYTES));
+            let mut p16 = [_mm256_setzero_si256(); R];
+            for g in 0..4 {
+                let (lo_q, hi_q) = (qs[b][g], qs[b][4 + g]);
+                for r in 0..R {
+                    let kb = _mm256_set1_epi32(read_unaligned(blk[r].add(2 + 4 * g).cast::<i32>()));
+                    let lo = _mm256_and_si256(kb, nib);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(kb), nib);
+                    let s = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, lo_q),
+                        _mm256_maddubs_epi16(hi, hi_q),
+                    );
+                    p16[r] = _mm256_add_epi16(p16[r], s);
+                }
+            }
+            for r in 0..R {
+                let is = _mm256_sub_epi32(_mm256_madd_epi16(p16[r], ones), q8[b]);
+                let dk = read_unaligned(blk[r].cast::<u16>());
+                let dk = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dk as i32)));
+                let d = _mm256_mul_ps(dk, dq[b]);
+                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(is), acc[r]);
+            }
+        }
+        acc
+    }
+}
+
 /// The 8 lanes' scores of `R` keys (rows of `nb` Q8_0 blocks at `rows`) for
-/// [`scores_q8_0_avx2`]: per block the 8 integer sums, then the f32 chain; the queries' groups are
+/// [`scores_lanes_avx2`]: per block the 8 integer sums, then the f32 chain; the queries' groups are
 /// loaded once for the `R` keys.
 ///
 /// # Safety
