@@ -113,7 +113,7 @@ fn depth_runs_each_test_after_a_context() {
     assert!(table.contains("pp8 @ d40"), "{table}");
     assert!(table.contains("at depth 40"), "{table}");
 
-    // A decode-only run prefills its context in batches (once a token at a time).
+    // A decode-only run prefills its context in batches too (it once went a token at a time).
     let out = hearth(&[
         "bench", model, "-t", "2", "-p", "0", "-n", "2", "-r", "1", "-d", "40",
     ]);

@@ -554,9 +554,9 @@ fn run_task(
             // One attention block is one pool block: its rows start at the block's first row.
             let (keys, values) = kv.block_rows(s, l, k0 / KEYS);
             // The next block's share of the task's KV heads: over the block kernel's steps when it
-            // reads an f16 or f32 cache in place, else at once.
+            // reads an f16 or f32 cache in place; for a quantized cache each head's rows as its
+            // scores go (`kv_quant::Ahead`); else at once.
             let mut pf = None;
-            // A quantized cache's next block: each head's rows as its scores go (`Ahead`).
             let mut next = None;
             if k0 + KEYS < k_end {
                 let (nk_rows, nv_rows) = kv.block_rows(s, l, k0 / KEYS + 1);

@@ -12,8 +12,7 @@
 //!   and each score is K's `vec_dot` against it: an exact integer sum per 32-block, then one f32
 //!   chain `acc = fma(dk * dq, isum_b, acc)` over the blocks in order (`hearth_quant`'s SIMD kernels,
 //!   which compute it for any number of rows and tokens, and for a decoding row's few queries
-//!   against Q8_0 keys on AVX2 a kernel with the queries in lanes; ggml sums its lanes in another
-//!   order);
+//!   on AVX2 a kernel with the queries in lanes; ggml sums its lanes in another order);
 //! - V rows are dequantized to f32 (`to_float`, exact: one product `q * d` per element) and the
 //!   output is accumulated in f32 by attention as for an f16 cache.
 //!
@@ -231,7 +230,8 @@ impl<'a> KeyRows<'a> {
 /// its query row and key row only, the same bits at every level and for any `n`.
 ///
 /// `ahead` names rows (and their bytes) to bring into L2 meanwhile, the next block's K and V rows
-/// of the head: the AVX2 Q8_0 kernel prefetches them a row per key it scores, the others at once.
+/// of the head: the AVX2 queries-in-lanes kernel prefetches them a row per key it scores, the
+/// others at once.
 pub(crate) fn scores(
     level: Level,
     hd: usize,
@@ -303,9 +303,8 @@ const QUERY_LANES: usize = 8;
 /// bytes, their absolute values, their sums, their scales) and each key's 4-byte groups are
 /// broadcast, so a key's integer sums come out for all 8 queries at once, with no transposed key
 /// rows and no per-query reduction. For Q8_0 keys the key-rows-in-lanes kernel of `hearth_quant`
-/// is built for
-/// many tokens against long rows, and here (64 keys of 4 blocks, 8 queries: the Qwen3-MoE shape)
-/// it took 36% of a decode step's attention at depth 16384. With this kernel and the next block's
+/// is built for many tokens against long rows, and here (64 keys of 4 blocks, 8 queries: the
+/// Qwen3-MoE shape) it took 36% of a decode step's attention at depth 16384. With this kernel and the next block's
 /// rows prefetched a row per key (`ahead`) instead of all at once, that attention (12 layers, 2
 /// threads, `bench_attention_at_depth`) went from 58-63 to 45-48 ms (fastest of 8, 3 alternating
 /// runs). Q4_0 keys take their nibbles as the unsigned operand (`Σ nib * q - 8 Σ q`). Each
