@@ -340,8 +340,9 @@ unsafe fn scores_lanes_avx2(
     const MAX_BLOCKS: usize = MAX_HEAD_DIM / QK;
     let (nb, qb) = (hd / QK, q8_row_bytes(hd));
     // Block `b`, group `j`: lane `l` holds bytes 4j..4j + 4 of query `l`'s block `b` (zero past
-    // `n`), as they are (`qs`) and as absolute values (`qa`); `dq[b]`: the queries' scales;
-    // `q8[b]`: 8 times the sums of the queries' quants (Q4_0's offset).
+    // `n`), as they are (`qs`) and, for Q8_0 keys, as absolute values (`qa`); `dq[b]`: the
+    // queries' scales; `q8[b]`: for Q4_0 keys, 8 times the sums of the queries' quants (the
+    // offset).
     let mut qs = [[_mm256_setzero_si256(); 8]; MAX_BLOCKS];
     let mut qa = [[_mm256_setzero_si256(); 8]; MAX_BLOCKS];
     let mut dq = [_mm256_setzero_ps(); MAX_BLOCKS];
@@ -367,9 +368,13 @@ unsafe fn scores_lanes_avx2(
         let mut sum = _mm256_setzero_si256();
         for j in 0..8 {
             qs[b][j] = _mm256_castps_si256(groups[j]);
-            qa[b][j] = _mm256_abs_epi8(qs[b][j]);
-            let pairs = _mm256_maddubs_epi16(ones8, qs[b][j]);
-            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones16));
+            match keys.ty {
+                KvQuant::Q8_0 => qa[b][j] = _mm256_abs_epi8(qs[b][j]),
+                KvQuant::Q4_0 => {
+                    let pairs = _mm256_maddubs_epi16(ones8, qs[b][j]);
+                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones16));
+                }
+            }
         }
         q8[b] = _mm256_slli_epi32::<3>(sum);
     }
@@ -433,23 +438,9 @@ impl Ahead<'_> {
             return;
         }
         let from = k * self.rows.stride;
-        let Some(row) = self
-            .rows
-            .data
-            .get(from..(from + self.bytes).min(self.rows.data.len()))
-        else {
-            return;
-        };
-        let r = row.as_ptr_range();
-        let mut line = r.start.wrapping_sub(r.start as usize % 64);
-        while line < r.end {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a prefetch never faults.
-            unsafe {
-                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-                _mm_prefetch::<_MM_HINT_T1>(line.cast());
-            }
-            line = line.wrapping_add(64);
+        let end = (from + self.bytes).min(self.rows.data.len());
+        if let Some(row) = self.rows.data.get(from..end) {
+            hearth_quant::prefetch_l2(row);
         }
     }
 }
@@ -457,6 +448,28 @@ impl Ahead<'_> {
 /// Bytes of a Q8_0 block.
 #[cfg(target_arch = "x86_64")]
 const Q8_BYTES: usize = std::mem::size_of::<BlockQ8_0>();
+
+/// One block's step of the 8 lanes' f32 chains: `acc = fma(dk * dq, isum, acc)`, `dk` the f16
+/// scale at the start of the key's block `blk` (F16C's widening, exact as `f16::to_f32`).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `blk` points at a block's 2-byte scale.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn chain_step(
+    blk: *const u8,
+    isum: std::arch::x86_64::__m256i,
+    dq: std::arch::x86_64::__m256,
+    acc: std::arch::x86_64::__m256,
+) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract.
+    unsafe {
+        let dk = read_unaligned(blk.cast::<u16>());
+        let dk = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dk as i32)));
+        _mm256_fmadd_ps(_mm256_mul_ps(dk, dq), _mm256_cvtepi32_ps(isum), acc)
+    }
+}
 
 /// Bytes of a Q4_0 block.
 #[cfg(target_arch = "x86_64")]
@@ -501,10 +514,7 @@ unsafe fn q4_0_keys<const R: usize>(
             }
             for r in 0..R {
                 let is = _mm256_sub_epi32(_mm256_madd_epi16(p16[r], ones), q8[b]);
-                let dk = read_unaligned(blk[r].cast::<u16>());
-                let dk = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dk as i32)));
-                let d = _mm256_mul_ps(dk, dq[b]);
-                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(is), acc[r]);
+                acc[r] = chain_step(blk[r], is, dq[b], acc[r]);
             }
         }
         acc
@@ -543,11 +553,7 @@ unsafe fn q8_0_keys<const R: usize>(
                 }
             }
             for r in 0..R {
-                // F16C's widening of the key's scale (exact, as `f16::to_f32`).
-                let dk = read_unaligned(blk[r].cast::<u16>());
-                let dk = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dk as i32)));
-                let d = _mm256_mul_ps(dk, dq[b]);
-                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(is[r]), acc[r]);
+                acc[r] = chain_step(blk[r], is[r], dq[b], acc[r]);
             }
         }
         acc

@@ -324,13 +324,52 @@ pub(crate) fn prefetch_first_rows(w: &Rows) {
 /// do not follow.
 pub fn prefetch_l2<T>(x: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for o in (0..std::mem::size_of_val(x)).step_by(64) {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        // SAFETY: a prefetch never faults, and byte `o` is within `x`.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(x.as_ptr().cast::<i8>().add(o)) };
+    {
+        let (first, count) = lines(x);
+        for i in 0..count {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+            // SAFETY: a prefetch never faults (the address is not dereferenced).
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(first.wrapping_add(64 * i).cast()) };
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = x;
+}
+
+/// The 64-byte lines `x` touches: the first one's address and how many. Stepping 64 bytes from
+/// `x`'s start instead leaves out the last line of a slice that does not start on one.
+fn lines<T>(x: &[T]) -> (*const u8, usize) {
+    let r = x.as_ptr_range();
+    let (start, end) = (r.start as usize, r.end as usize);
+    let first = start - start % 64;
+    let count = if end > start {
+        (end - first).div_ceil(64)
+    } else {
+        0
+    };
+    (r.start.cast::<u8>().wrapping_sub(start % 64), count)
+}
+
+#[cfg(test)]
+mod line_tests {
+    use super::lines;
+
+    #[test]
+    fn a_prefetch_covers_every_line_a_slice_touches() {
+        #[repr(align(64))]
+        struct Buf([u8; 512]);
+        let b = Buf([0; 512]);
+        let line0 = b.0.as_ptr();
+        let at = |from: usize, to: usize| {
+            let (first, count) = lines(&b.0[from..to]);
+            ((first as usize - line0 as usize) / 64, count)
+        };
+        assert_eq!(at(0, 64), (0, 1));
+        assert_eq!(at(60, 196), (0, 4)); // 136 bytes over lines 0..=3 (stepping from 60: 3)
+        assert_eq!(at(63, 65), (0, 2));
+        assert_eq!(at(128, 129), (2, 1));
+        assert_eq!(at(100, 100).1, 0);
+    }
 }
 
 /// Every row of `w` (each `wlen` bytes) against every row of `acts` (each one activation row of
