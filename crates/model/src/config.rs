@@ -134,11 +134,11 @@ impl Config {
             ("attention.key_length", head_dim),
             ("attention.value_length", head_dim_v),
         ] {
-            if d > crate::attention::MAX_HEAD_DIM {
+            if d == 0 || d > crate::attention::MAX_HEAD_DIM {
                 return Err(ModelError::Hyperparameter {
                     key: key(k),
                     detail: Some(format!(
-                        "head dimension {d} is larger than the {} supported",
+                        "head dimension {d}: not within the 1 to {} supported",
                         crate::attention::MAX_HEAD_DIM
                     )),
                 });

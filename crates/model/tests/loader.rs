@@ -131,6 +131,11 @@ fn hyperparameter_errors_name_the_key() {
             "not a multiple of 3 KV heads",
         ),
         (
+            "tiny-qwen3moe.q4_k_m.gguf",
+            set("qwen3moe.attention.value_length", Value::U32(0)),
+            "qwen3moe.attention.value_length",
+        ),
+        (
             "tiny-qwen3-yarn.q8_0.gguf",
             set("qwen3.rope.scaling.type", Value::String("longrope".into())),
             "unsupported RoPE scaling 'longrope'",
