@@ -48,14 +48,7 @@ pub fn logits_report(
     if prompt.is_empty() {
         return Err(ModelError::Batch("empty prompt".into()));
     }
-    let mut kv = KvCache::new(
-        1,
-        c.n_layer,
-        prompt.len() + n_gen + 1,
-        c.k_dim(),
-        c.v_dim(),
-        kv_type,
-    );
+    let mut kv = KvCache::new(1, c.n_layer, prompt.len() + n_gen + 1, c.kv_dims(), kv_type);
     let chunk = scratch.max_tokens();
     let mut per_pos = Vec::new();
     let mut last = Vec::new();

@@ -340,8 +340,7 @@ impl<'a> Engine<'a> {
                 cfg.parallel,
                 cfg.n_ctx,
                 c.n_layer,
-                c.k_dim(),
-                c.v_dim(),
+                c.kv_dims(),
                 cfg.kv_type,
             ),
             blocks: BlockPool::new(n_blocks),
@@ -853,7 +852,7 @@ fn open_disk(cfg: &SchedulerConfig, c: &hearth_model::Config) -> Option<DiskCach
         tracing::warn!("the disk cache is off: the model file's identity is unknown");
         return None;
     }
-    let layout = KvCache::block_layout(cfg.kv_type, c.n_layer, c.k_dim(), c.v_dim());
+    let layout = KvCache::block_layout(cfg.kv_type, c.n_layer, c.kv_dims());
     let ns = cache_namespace(cfg.model_identity, cfg.kv_type.name(), &layout);
     match DiskCache::open(dc, ns) {
         Ok(d) => Some(d),

@@ -28,7 +28,7 @@ impl<'m> Session<'m> {
         Session {
             model,
             pool,
-            kv: KvCache::new(1, c.n_layer, n_ctx, c.k_dim(), c.v_dim(), kv_type),
+            kv: KvCache::new(1, c.n_layer, n_ctx, c.kv_dims(), kv_type),
             scratch: Scratch::new(model, n_batch),
             tokens: Vec::with_capacity(n_ctx),
             logits: vec![0.0; c.n_vocab],

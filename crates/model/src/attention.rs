@@ -300,7 +300,6 @@ pub(crate) fn attend(
     let geo = Geometry {
         hd,
         hdv,
-        vd: c.v_dim(),
         n_head: c.n_head,
         group,
         hpt,
@@ -368,7 +367,6 @@ pub(crate) fn attend(
 struct Geometry {
     hd: usize,
     hdv: usize,
-    vd: usize,
     n_head: usize,
     group: usize,
     /// Query heads per task.
@@ -520,7 +518,7 @@ fn run_task(
             } else {
                 0
             });
-    let shape = (hd, hdv, g.vd);
+    let shape = (hd, hdv);
     let k_end = if task.chunk == ALL {
         max_len
     } else {
@@ -569,7 +567,7 @@ fn run_task(
                     next = Some((nk_rows, nv_rows, KEYS.min(k_end - k0 - KEYS)));
                 } else if pf.is_none() {
                     for kvh in heads {
-                        prefetch_block(&nk_rows, &nv_rows, kvh, hd, hdv, g.vd);
+                        prefetch_block(&nk_rows, &nv_rows, kvh, hd, hdv);
                     }
                 }
             }
@@ -629,14 +627,9 @@ fn run_task(
                     let v = Vals::packed(&vals[..kn * hdv], hdv);
                     blk.run(&kt[..hd * KEYS], v, Some(&sc[..nq * KEYS]), state);
                 } else if direct {
-                    blk.run_in_place(&keys, &values, kvh, hdv, g.vd, state);
+                    blk.run_in_place(&keys, &values, kvh, hdv, state);
                 } else {
-                    let at = KvAt {
-                        k0: 0,
-                        kn,
-                        vd: g.vd,
-                        kvh,
-                    };
+                    let at = KvAt { k0: 0, kn, kvh };
                     load_block(
                         level,
                         &keys,
@@ -711,33 +704,18 @@ struct BlockRows<'a, 'r> {
 
 impl BlockRows<'_, '_> {
     /// [`BlockRows::run`] on KV head `kvh` of an f16 or f32 pool block as the cache holds it:
-    /// its transposed keys, and its value rows of `hdv` within rows of `vd`.
-    fn run_in_place(
-        &self,
-        keys: &Rows,
-        values: &Rows,
-        kvh: usize,
-        hdv: usize,
-        vd: usize,
-        state: &mut [f32],
-    ) {
+    /// its transposed keys, and its value rows of `hdv` one after the other.
+    fn run_in_place(&self, keys: &Rows, values: &Rows, kvh: usize, hdv: usize, state: &mut [f32]) {
         let kr = kvh * self.hd * KEYS..(kvh + 1) * self.hd * KEYS;
+        let vr = kvh * hdv * KEYS..(kvh + 1) * hdv * KEYS;
         match (keys, values) {
-            (Rows::F16T(k), Rows::F16(v)) => {
-                let v = Vals {
-                    x: &v[kvh * hdv..],
-                    stride: vd,
-                };
-                self.run(&k[kr], v, None, state)
+            (Rows::F16T(k), Rows::F16H(v)) => {
+                self.run(&k[kr], Vals::packed(&v[vr], hdv), None, state)
             }
-            (Rows::F32T(k), Rows::F32(v)) => {
-                let v = Vals {
-                    x: &v[kvh * hdv..],
-                    stride: vd,
-                };
-                self.run(&k[kr], v, None, state)
+            (Rows::F32T(k), Rows::F32H(v)) => {
+                self.run(&k[kr], Vals::packed(&v[vr], hdv), None, state)
             }
-            _ => unreachable!("f16 and f32 keys are stored transposed, values as rows"),
+            _ => unreachable!("f16 and f32 keys are stored transposed, values head by head"),
         }
     }
 
@@ -834,12 +812,11 @@ fn heads<const N: usize, E: Elem>(
     N
 }
 
-/// Where a block of keys and values sits in a layer's cache: positions `k0..k0 + kn`, row widths
-/// `vd` (values; the keys come transposed), KV head `kvh`.
+/// Where a block of keys and values sits in a layer's cache: positions `k0..k0 + kn`, KV head
+/// `kvh` (the keys transposed, the values head by head).
 struct KvAt {
     k0: usize,
     kn: usize,
-    vd: usize,
     kvh: usize,
 }
 
@@ -922,12 +899,12 @@ fn load_block_body(
         dst[at.kn..].fill(0.0);
     }
     for k in 0..at.kn {
-        let src = k * at.vd + at.kvh * hdv;
+        let src = (at.kvh * KEYS + k) * hdv;
         let dst = &mut vals[k * hdv..(k + 1) * hdv];
         match values {
-            Rows::F16(x) => cvt(&x[src..src + hdv], dst),
-            Rows::F32(x) => dst.copy_from_slice(&x[src..src + hdv]),
-            _ => unreachable!("f16 and f32 values are stored as rows"),
+            Rows::F16H(x) => cvt(&x[src..src + hdv], dst),
+            Rows::F32H(x) => dst.copy_from_slice(&x[src..src + hdv]),
+            _ => unreachable!("f16 and f32 values are stored head by head"),
         }
     }
 }
@@ -938,14 +915,16 @@ fn load_block_body(
 /// every miss (12-layer MoE decode at depth 4096 on Zen 4: the conversion 18% of the samples, the
 /// arithmetic 7%). With the prefetch: 20.6 -> 22.3 t/s (AVX-512, medians of 3 alternating runs);
 /// on the AVX2 path within the noise.
-fn prefetch_block(keys: &Rows, values: &Rows, kvh: usize, hd: usize, hdv: usize, vd: usize) {
-    // f16 and f32 keys are stored transposed (one run per head), values as rows of `vd` elements.
+fn prefetch_block(keys: &Rows, values: &Rows, kvh: usize, hd: usize, hdv: usize) {
+    // f16 and f32 keys and values are stored a run per head (keys transposed).
     for (rows, width) in [(keys, hd), (values, hdv)] {
         match *rows {
-            Rows::F16T(x) => prefetch_runs(x, kvh * width * KEYS, width * KEYS, 0, 1),
-            Rows::F32T(x) => prefetch_runs(x, kvh * width * KEYS, width * KEYS, 0, 1),
-            Rows::F16(x) => prefetch_runs(x, kvh * width, width, vd, KEYS),
-            Rows::F32(x) => prefetch_runs(x, kvh * width, width, vd, KEYS),
+            Rows::F16T(x) | Rows::F16H(x) => {
+                prefetch_runs(x, kvh * width * KEYS, width * KEYS, 0, 1)
+            }
+            Rows::F32T(x) | Rows::F32H(x) => {
+                prefetch_runs(x, kvh * width * KEYS, width * KEYS, 0, 1)
+            }
             Rows::Quant { ty, data, stride } => {
                 let rb = ty.row_bytes(width);
                 prefetch_runs(data, kvh * rb, rb, stride, KEYS)
@@ -959,34 +938,28 @@ fn prefetch_block(keys: &Rows, values: &Rows, kvh: usize, hd: usize, hdv: usize,
 /// lines for SmolLM2) waited on the core's miss buffers, the kernel's work held up behind them
 /// (AVX2, one thread, SmolLM2's 30 layers at depth 4096: 21-24 ms -> 16.9-17.2 ms per decode
 /// step's attention, `bench_attention_at_depth`). The heads' keys are one run of memory (stored
-/// transposed, head after head), their values a run in each of the block's rows.
+/// transposed, head after head), their values another (head by head).
 #[derive(Clone, Copy)]
 struct Prefetch {
-    /// What is left of the keys' run.
+    /// What is left of the keys' run, then of the values'.
     keys: (*const u8, *const u8),
-    /// What is left of the current value row's run, then `left` more runs of `run` bytes,
-    /// `stride` apart.
     vals: (*const u8, *const u8),
-    run: usize,
-    stride: usize,
-    left: usize,
     per_step: usize,
 }
 
 impl Prefetch {
     /// KV heads `heads` of an f16 or f32 block as the cache holds it (keys `[kvh, hd, KEYS]`,
-    /// value rows of `vd` with each head's `hdv`), over about `steps` steps; `None` for a
-    /// quantized block.
+    /// values `[kvh, KEYS, hdv]`), over about `steps` steps; `None` for a quantized block.
     fn heads(
         keys: &Rows,
         values: &Rows,
         heads: Range<usize>,
-        (hd, hdv, vd): (usize, usize, usize),
+        (hd, hdv): (usize, usize),
         steps: usize,
     ) -> Option<Prefetch> {
         match (keys, values) {
-            (Rows::F16T(k), Rows::F16(v)) => Some(Prefetch::of(k, v, heads, (hd, hdv, vd), steps)),
-            (Rows::F32T(k), Rows::F32(v)) => Some(Prefetch::of(k, v, heads, (hd, hdv, vd), steps)),
+            (Rows::F16T(k), Rows::F16H(v)) => Some(Prefetch::of(k, v, heads, (hd, hdv), steps)),
+            (Rows::F32T(k), Rows::F32H(v)) => Some(Prefetch::of(k, v, heads, (hd, hdv), steps)),
             _ => None,
         }
     }
@@ -996,36 +969,21 @@ impl Prefetch {
         k: &[T],
         v: &[T],
         heads: Range<usize>,
-        (hd, hdv, vd): (usize, usize, usize),
+        (hd, hdv): (usize, usize),
         steps: usize,
     ) -> Prefetch {
-        let bytes = |v: &[T]| {
-            let r = v.as_ptr_range();
+        let run = |x: &[T], width: usize| {
+            let r =
+                (heads.start * width * KEYS).min(x.len())..(heads.end * width * KEYS).min(x.len());
+            let r = x[r].as_ptr_range();
             (r.start.cast::<u8>(), r.end.cast::<u8>())
         };
-        let kr = (heads.start * hd * KEYS).min(k.len())..(heads.end * hd * KEYS).min(k.len());
-        let keys = bytes(&k[kr]);
-        let (first, run) = (heads.start * hdv, heads.len() * hdv);
-        let rows = if v.len() >= first + run && vd > 0 {
-            (v.len() - first - run) / vd + 1
-        } else {
-            0
-        };
-        let vals = if rows > 0 {
-            bytes(&v[first..first + run])
-        } else {
-            (std::ptr::null(), std::ptr::null())
-        };
-        let size = size_of::<T>();
-        let lines = (keys.1 as usize - keys.0 as usize).div_ceil(64)
-            + rows * ((run * size).div_ceil(64) + 1);
+        let (keys, vals) = (run(k, hd), run(v, hdv));
+        let lines = |(a, b): (*const u8, *const u8)| (b as usize - a as usize).div_ceil(64) + 1;
         Prefetch {
             keys: (align_line(keys.0), keys.1),
             vals: (align_line(vals.0), vals.1),
-            run: run * size,
-            stride: vd * size,
-            left: rows.saturating_sub(1),
-            per_step: lines.div_ceil(steps.max(1)),
+            per_step: (lines(keys) + lines(vals)).div_ceil(steps.max(1)),
         }
     }
 
@@ -1049,22 +1007,15 @@ impl Prefetch {
         }
     }
 
-    /// The next line to prefetch (the keys' run, then each value row's), if any is left.
+    /// The next line to prefetch (the keys' run, then the values'), if any is left.
     #[inline(always)]
     fn next_line(&mut self) -> Option<*const u8> {
         let at = if self.keys.0 < self.keys.1 {
             &mut self.keys.0
-        } else {
-            if self.vals.0 >= self.vals.1 {
-                if self.left == 0 {
-                    return None;
-                }
-                self.left -= 1;
-                // The next row's run: `stride` past the start of this one.
-                let start = self.vals.1.wrapping_sub(self.run).wrapping_add(self.stride);
-                self.vals = (align_line(start), start.wrapping_add(self.run));
-            }
+        } else if self.vals.0 < self.vals.1 {
             &mut self.vals.0
+        } else {
+            return None;
         };
         let line = *at;
         *at = at.wrapping_add(64);
@@ -1110,9 +1061,9 @@ struct Vals<'a, E = f32> {
     stride: usize,
 }
 
-impl<'a> Vals<'a> {
-    /// Rows of `hdv` f32 one after the other.
-    fn packed(x: &'a [f32], hdv: usize) -> Vals<'a> {
+impl<'a, E> Vals<'a, E> {
+    /// Rows of `hdv` one after the other.
+    fn packed(x: &'a [E], hdv: usize) -> Vals<'a, E> {
         Vals { x, stride: hdv }
     }
 }
@@ -2184,7 +2135,12 @@ mod tests {
         let vf: Vec<f32> = (0..FILLED * vd)
             .map(|i| ((i as f32) * 0.11).cos())
             .collect();
-        let mut kv = KvCache::new(1, 2, 2 * KEYS, kd, vd, ty);
+        let dims = crate::KvDims {
+            n_kv: N_KV,
+            head_dim: hd,
+            head_dim_v: hdv,
+        };
+        let mut kv = KvCache::new(1, 2, 2 * KEYS, dims, ty);
         for p in 0..FILLED {
             let (k, v) = (&kf[p * kd..(p + 1) * kd], &vf[p * vd..(p + 1) * vd]);
             kv.store(0, 1, p, k, v);
@@ -2207,7 +2163,7 @@ mod tests {
                 let (kv, kf, vf) = filled_cache(hd, hdv, ty);
                 for (b, kn) in [(0, KEYS), (1, FILLED - KEYS)] {
                     let (keys, values) = kv.block_rows(0, 1, b);
-                    let at = KvAt { k0: 0, kn, vd, kvh };
+                    let at = KvAt { k0: 0, kn, kvh };
                     let run = |level| {
                         let mut kt = vec![f32::NAN; hd * KEYS];
                         let mut vals = vec![f32::NAN; kn * hdv];
@@ -2252,12 +2208,12 @@ mod tests {
     #[test]
     fn direct_cache_reads_equal_converted_blocks() {
         // Decode's block kernel reading an f16 or f32 cache's rows in place (KV head 1 of 2, so
-        // strided values; a full block and a partial one, whose dead key lanes hold whatever the
+        // values past the first head's; a full block and a partial one, whose dead key lanes hold whatever the
         // pool has) gives the bits of the block converted into f32 scratch first, at every level,
         // for 1 to 8 query heads (up to two kernel calls) and a live range that starts inside the
         // block; values of 256 for the AVX2 value chains of 64 lanes.
         for (hd, hdv) in [(64, 64), (72, 40), (64, 256)] {
-            let (kvh, vd) = (KVH, N_KV * hdv);
+            let kvh = KVH;
             let q: Vec<f32> = (0..8 * hd).map(|i| ((i as f32) * 0.7).sin()).collect();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             for ty in [KvType::F16, KvType::F32] {
@@ -2280,7 +2236,7 @@ mod tests {
                     // The kernel reading in place also prefetches the other block as it goes.
                     let (nk, nv) = kv.block_rows(0, 1, 1 - b);
                     let heads = 0..N_KV;
-                    let pf = Prefetch::heads(&nk, &nv, heads, (hd, hdv, vd), hd);
+                    let pf = Prefetch::heads(&nk, &nv, heads, (hd, hdv), hd);
                     let pf = Cell::new(pf.expect("f16 and f32 caches"));
                     for level in hearth_quant::simd::available_levels() {
                         let blk = BlockRows {
@@ -2304,7 +2260,7 @@ mod tests {
                         };
                         let mut want = fresh();
                         let (mut kt, mut vals) = (vec![0f32; hd * KEYS], vec![0f32; kn * hdv]);
-                        let at = KvAt { k0: 0, kn, vd, kvh };
+                        let at = KvAt { k0: 0, kn, kvh };
                         load_block(level, &keys, &values, &at, &mut kt, &mut vals, hd, hdv);
                         blk.run(&kt, Vals::packed(&vals, hdv), None, &mut want);
                         let mut got = fresh();
@@ -2312,7 +2268,7 @@ mod tests {
                             pf: Some(&pf),
                             ..blk
                         };
-                        blk.run_in_place(&keys, &values, kvh, hdv, vd, &mut got);
+                        blk.run_in_place(&keys, &values, kvh, hdv, &mut got);
                         assert_eq!(bits(&got), bits(&want), "{ty:?}, {level}, block {b}, {hpt}");
                     }
                 }
@@ -2322,13 +2278,12 @@ mod tests {
 
     #[test]
     fn a_prefetch_covers_its_heads_lines_and_no_others() {
-        // Keys `[kvh, hd, KEYS]` and value rows of `vd` as a pool block holds them (f16, offset
-        // so that runs start inside lines): every line of the heads' keys, then of each row's
-        // run of their values, in that order, and nothing of the other heads.
+        // Keys `[kvh, hd, KEYS]` and values `[kvh, KEYS, hdv]` as a pool block holds them (f16,
+        // offset so that runs start inside lines): every line of the heads' keys, then of their
+        // values, in that order, and nothing of the other heads.
         let (hd, hdv, n_kv) = (40, 24, 4);
-        let vd = n_kv * hdv;
         let k = vec![f16::ZERO; 3 + n_kv * hd * KEYS];
-        let v = vec![f16::ZERO; 5 + KEYS * vd];
+        let v = vec![f16::ZERO; 5 + n_kv * KEYS * hdv];
         let (k, v) = (&k[3..], &v[5..]);
         let line = |p: *const f16| p as usize / 64;
         for heads in [0..1, 1..3, 0..n_kv, 3..4] {
@@ -2338,11 +2293,8 @@ mod tests {
                 want.extend(a..=b);
             };
             push(k[heads.start * hd * KEYS..heads.end * hd * KEYS].as_ptr_range());
-            for row in 0..KEYS {
-                let at = row * vd;
-                push(v[at + heads.start * hdv..at + heads.end * hdv].as_ptr_range());
-            }
-            let mut pf = Prefetch::of(k, v, heads.clone(), (hd, hdv, vd), 10);
+            push(v[heads.start * KEYS * hdv..heads.end * KEYS * hdv].as_ptr_range());
+            let mut pf = Prefetch::of(k, v, heads.clone(), (hd, hdv), 10);
             let mut got = Vec::new();
             while let Some(p) = pf.next_line() {
                 got.push(p as usize / 64);

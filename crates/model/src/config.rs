@@ -367,6 +367,15 @@ impl Config {
     pub fn v_dim(&self) -> usize {
         self.n_head_kv * self.head_dim_v
     }
+
+    /// The shape of one token's cached keys and values.
+    pub fn kv_dims(&self) -> crate::KvDims {
+        crate::KvDims {
+            n_kv: self.n_head_kv,
+            head_dim: self.head_dim,
+            head_dim_v: self.head_dim_v,
+        }
+    }
 }
 
 /// Which layers slide, as llama.cpp's `load_swa_pattern`: `{arch}.attention.sliding_window_pattern`

@@ -14,7 +14,10 @@
 //! An f16 or f32 cache keeps each layer's keys of a block transposed, `[k_dim, BLOCK]`: attention
 //! wants a block's keys with positions in vector lanes, and converting stored columns is a plain
 //! conversion where transposing stored rows on every read cost most of a decode step's attention
-//! at depth. Values, and quantized keys (blocks of 32 elements along a row), stay rows.
+//! at depth. Its values are kept head by head, `[n_kv, BLOCK, head_dim_v]`: attention reads one KV
+//! head's value rows at a time, and as parts of whole-token rows they lay `v_dim` elements apart (1
+//! KiB for Qwen3-MoE, 2 KiB for 8 KV heads of 128), 64 rows on a few sets of the L1 cache, which
+//! could not hold them. Quantized keys and values (blocks of 32 elements along a row) stay rows.
 //!
 //! Sliding-window layers keep every position too, not a ring of `window` rows as llama.cpp's SWA
 //! cache does: a position has the same address in every layer, so sharing a prefix or rewinding a
@@ -31,6 +34,30 @@ use crate::memory::advise_huge_pages;
 
 /// Token positions per pool block.
 pub const BLOCK: usize = 64;
+
+/// The shape of one token's cached keys and values: `n_kv` KV heads of `head_dim` key and
+/// `head_dim_v` value elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvDims {
+    /// KV heads.
+    pub n_kv: usize,
+    /// Elements of a key head.
+    pub head_dim: usize,
+    /// Elements of a value head.
+    pub head_dim_v: usize,
+}
+
+impl KvDims {
+    /// Width of all key heads together (one token's K row).
+    pub fn k_dim(self) -> usize {
+        self.n_kv * self.head_dim
+    }
+
+    /// Width of all value heads together (one token's V row).
+    pub fn v_dim(self) -> usize {
+        self.n_kv * self.head_dim_v
+    }
+}
 
 /// Element type of the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,8 +126,30 @@ impl KvType {
 struct Store {
     width: usize,
     data: Data,
-    /// Each run of [`BLOCK`] rows stored transposed, `[width, BLOCK]` (f16 and f32 keys).
-    transposed: bool,
+    layout: Layout,
+}
+
+/// How a [`Store`] orders its rows' elements.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// Row after row (quantized rows).
+    Rows,
+    /// Each run of [`BLOCK`] rows in segments of `seg` elements of every row: `[width / seg,
+    /// BLOCK, seg]`, element `j` of row `p` at `(j / seg * BLOCK + p) * seg + j % seg`. Keys
+    /// transposed (`seg` 1, `[width, BLOCK]`), values head by head (`seg` the head's width).
+    Runs { seg: usize },
+}
+
+impl Layout {
+    /// Where element `j` of row `row` of `width` elements is, in elements.
+    fn element(self, width: usize, row: usize, j: usize) -> usize {
+        match self {
+            Layout::Runs { seg } => {
+                (row - row % BLOCK) * width + (j / seg * BLOCK + row % BLOCK) * seg + j % seg
+            }
+            Layout::Rows => row * width + j,
+        }
+    }
 }
 
 enum Data {
@@ -114,8 +163,9 @@ enum Data {
 
 impl Store {
     /// `rows` zeroed rows (zeroed allocations map lazily, so an unused pool costs no resident
-    /// memory).
-    fn new(ty: KvType, rows: usize, width: usize, keys: bool) -> Store {
+    /// memory); an f16 or f32 store in runs of [`BLOCK`] rows of `seg`-element segments
+    /// ([`Layout::Runs`]), a quantized one row after row.
+    fn new(ty: KvType, rows: usize, width: usize, seg: usize) -> Store {
         let mut data = match (ty, ty.quant()) {
             (_, Some(q)) => Data::Quant(q, vec![0u8; rows * ty.row_bytes(width)]),
             (KvType::F16, None) => Data::F16(vec![0u16; rows * width]),
@@ -127,13 +177,23 @@ impl Store {
             Data::F32(v) => advise_huge_pages(v),
             Data::Quant(_, v) => advise_huge_pages(v),
         }
-        let transposed = keys && ty.quant().is_none();
-        debug_assert!(!transposed || rows.is_multiple_of(BLOCK));
+        let layout = match ty.quant() {
+            Some(_) => Layout::Rows,
+            None => {
+                assert!(seg > 0 && width.is_multiple_of(seg) && rows.is_multiple_of(BLOCK));
+                Layout::Runs { seg }
+            }
+        };
         Store {
             width,
             data,
-            transposed,
+            layout,
         }
+    }
+
+    /// Where element `j` of row `row` is, in elements (f16 and f32 stores).
+    fn element(&self, row: usize, j: usize) -> usize {
+        self.layout.element(self.width, row, j)
     }
 
     /// Elements (f16, f32) or bytes (quantized) per row.
@@ -147,53 +207,63 @@ impl Store {
     /// Stores row `row`; a quantized row's bytes depend on `src` alone.
     fn write(&mut self, row: usize, src: &[f32]) {
         debug_assert_eq!(src.len(), self.width);
-        let at = row * self.unit();
-        if self.transposed {
-            // Element `j` of the row at `j * BLOCK` of its block's run (the same conversion).
-            let (seg, p) = ((row - row % BLOCK) * self.width, row % BLOCK);
-            let mut h = [f16::ZERO; 256];
-            for (c, src) in src.chunks(256).enumerate() {
-                let at = seg + (c * 256) * BLOCK + p;
-                match &mut self.data {
-                    Data::F16(v) => {
-                        h[..src.len()].convert_from_f32_slice(src);
-                        for (i, x) in h[..src.len()].iter().enumerate() {
-                            v[at + i * BLOCK] = x.to_bits();
+        let (layout, width, unit) = (self.layout, self.width, self.unit());
+        match (layout, &mut self.data) {
+            (Layout::Runs { seg: 1 }, data) => {
+                // Element `j` of the row at `j * BLOCK` of its block's run (the same conversion).
+                let at = layout.element(width, row, 0);
+                let mut h = [f16::ZERO; 256];
+                for (c, src) in src.chunks(256).enumerate() {
+                    let at = at + (c * 256) * BLOCK;
+                    match data {
+                        Data::F16(v) => {
+                            h[..src.len()].convert_from_f32_slice(src);
+                            for (i, x) in h[..src.len()].iter().enumerate() {
+                                v[at + i * BLOCK] = x.to_bits();
+                            }
                         }
-                    }
-                    Data::F32(v) => {
-                        for (i, x) in src.iter().enumerate() {
-                            v[at + i * BLOCK] = *x;
+                        Data::F32(v) => {
+                            for (i, x) in src.iter().enumerate() {
+                                v[at + i * BLOCK] = *x;
+                            }
                         }
+                        Data::Quant(..) => unreachable!("quantized rows are rows"),
                     }
-                    Data::Quant(..) => unreachable!("quantized rows are not transposed"),
                 }
             }
-            return;
-        }
-        match &mut self.data {
-            // The slice conversion (F16C where the CPU has it), not a detected call per element.
-            Data::F16(v) => v[at..at + src.len()]
-                .reinterpret_cast_mut::<f16>()
-                .convert_from_f32_slice(src),
-            Data::F32(v) => v[at..at + src.len()].copy_from_slice(src),
-            Data::Quant(q, v) => {
-                let n = q.row_bytes(src.len());
-                kv_quant::store_row(hearth_quant::kernel_level(), *q, src, &mut v[at..at + n])
+            (Layout::Runs { seg }, data) => {
+                for (h, src) in src.chunks(seg).enumerate() {
+                    let at = layout.element(width, row, h * seg);
+                    match data {
+                        // The slice conversion (F16C where the CPU has it), not a detected call
+                        // per element.
+                        Data::F16(v) => v[at..at + seg]
+                            .reinterpret_cast_mut::<f16>()
+                            .convert_from_f32_slice(src),
+                        Data::F32(v) => v[at..at + seg].copy_from_slice(src),
+                        Data::Quant(..) => unreachable!("quantized rows are rows"),
+                    }
+                }
             }
+            (Layout::Rows, Data::Quant(q, v)) => {
+                let at = row * unit;
+                kv_quant::store_row(hearth_quant::kernel_level(), *q, src, &mut v[at..at + unit])
+            }
+            (Layout::Rows, _) => unreachable!("f16 and f32 rows are stored in runs"),
         }
     }
 
-    /// Rows `row..row + count` (a whole run of [`BLOCK`] rows from its first if transposed).
+    /// Rows `row..row + count` (a whole run of [`BLOCK`] rows from its first if stored in runs).
     fn rows(&self, row: usize, count: usize) -> Rows<'_> {
         let (at, len) = (row * self.unit(), count * self.unit());
-        assert!(!self.transposed || (row.is_multiple_of(BLOCK) && count == BLOCK));
-        match &self.data {
-            Data::F16(v) if self.transposed => Rows::F16T(as_f16(&v[at..at + len])),
-            Data::F32(v) if self.transposed => Rows::F32T(&v[at..at + len]),
-            Data::F16(v) => Rows::F16(as_f16(&v[at..at + len])),
-            Data::F32(v) => Rows::F32(&v[at..at + len]),
-            Data::Quant(q, v) => Rows::Quant {
+        let runs = self.layout != Layout::Rows;
+        assert!(!runs || (row.is_multiple_of(BLOCK) && count == BLOCK));
+        match (&self.data, self.layout) {
+            (Data::F16(v), Layout::Runs { seg: 1 }) => Rows::F16T(as_f16(&v[at..at + len])),
+            (Data::F32(v), Layout::Runs { seg: 1 }) => Rows::F32T(&v[at..at + len]),
+            (Data::F16(v), _) => Rows::F16H(as_f16(&v[at..at + len])),
+            (Data::F32(v), _) => Rows::F32H(&v[at..at + len]),
+            (Data::Quant(q, v), _) => Rows::Quant {
                 ty: *q,
                 data: &v[at..at + len],
                 stride: self.unit(),
@@ -215,18 +285,18 @@ impl Store {
         }
     }
 
-    /// Copies rows `src..src + count` to `dst..` (within one run from its first row if
-    /// transposed).
+    /// Copies rows `src..src + count` to `dst..` (within one run from its first row if stored in
+    /// runs).
     fn copy_within(&mut self, src: usize, dst: usize, count: usize) {
-        if self.transposed {
+        if let Layout::Runs { seg } = self.layout {
             assert!(src.is_multiple_of(BLOCK) && dst.is_multiple_of(BLOCK) && count <= BLOCK);
-            let (s, d) = (src * self.width, dst * self.width);
-            for j in 0..self.width {
-                let (s, d) = (s + j * BLOCK, d + j * BLOCK);
+            // Each segment's first `count` rows, one piece of memory.
+            for j in (0..self.width).step_by(seg) {
+                let (s, d, n) = (self.element(src, j), self.element(dst, j), count * seg);
                 match &mut self.data {
-                    Data::F16(v) => v.copy_within(s..s + count, d),
-                    Data::F32(v) => v.copy_within(s..s + count, d),
-                    Data::Quant(..) => unreachable!("quantized rows are not transposed"),
+                    Data::F16(v) => v.copy_within(s..s + n, d),
+                    Data::F32(v) => v.copy_within(s..s + n, d),
+                    Data::Quant(..) => unreachable!("quantized rows are rows"),
                 }
             }
             return;
@@ -240,11 +310,12 @@ impl Store {
         }
     }
 
-    /// Rows `row..row + count` as little-endian bytes in storage order (whole runs if
-    /// transposed), appended to `out`.
+    /// Rows `row..row + count` as little-endian bytes in storage order (whole runs if stored in
+    /// runs), appended to `out`.
     fn export(&self, row: usize, count: usize, out: &mut Vec<u8>) {
         debug_assert!(
-            !self.transposed || (row.is_multiple_of(BLOCK) && count.is_multiple_of(BLOCK))
+            self.layout == Layout::Rows
+                || (row.is_multiple_of(BLOCK) && count.is_multiple_of(BLOCK))
         );
         let (at, len) = (row * self.unit(), count * self.unit());
         match &self.data {
@@ -261,11 +332,7 @@ impl Store {
     /// Row `row`'s bytes as a row-major store would hold them.
     #[cfg(test)]
     fn row_bytes_at(&self, row: usize) -> Vec<u8> {
-        let (seg, p) = ((row - row % BLOCK) * self.width, row % BLOCK);
-        let at = |j: usize| match self.transposed {
-            true => seg + j * BLOCK + p,
-            false => row * self.width + j,
-        };
+        let at = |j: usize| self.element(row, j);
         match &self.data {
             Data::F16(v) => (0..self.width)
                 .flat_map(|j| v[at(j)].to_le_bytes())
@@ -298,12 +365,14 @@ impl Store {
 
 /// A read view of cache rows.
 pub(crate) enum Rows<'a> {
-    F16(&'a [f16]),
-    F32(&'a [f32]),
     /// A block's rows transposed, `[width, BLOCK]`: element `j` of position `p` at
     /// `j * BLOCK + p` (f16 and f32 keys).
     F16T(&'a [f16]),
     F32T(&'a [f32]),
+    /// A block's rows head by head, `[heads, BLOCK, head_dim_v]`: element `e` of head `h` at
+    /// position `p` at `(h * BLOCK + p) * head_dim_v + e` (f16 and f32 values).
+    F16H(&'a [f16]),
+    F32H(&'a [f32]),
     /// Quantized rows of `stride` bytes each (a whole token's row; head `h` of `head_dim` elements
     /// at byte `h * ty.row_bytes(head_dim)` within it).
     Quant {
@@ -320,27 +389,19 @@ pub struct KvCache {
     n_layer: usize,
     n_ctx: usize,
     n_blocks: usize,
-    k_dim: usize,
-    v_dim: usize,
+    dims: KvDims,
     ty: KvType,
     k: Store, // [n_blocks, n_layer, BLOCK, k_dim], or [.., k_dim, BLOCK] for f16 and f32
-    v: Store, // [n_blocks, n_layer, BLOCK, v_dim]
+    v: Store, // [n_blocks, n_layer, BLOCK, v_dim], or [.., n_kv, BLOCK, head_dim_v] for f16 and f32
     /// Per sequence: the pool block of each run of [`BLOCK`] positions.
     tables: Vec<Vec<u32>>,
 }
 
 impl KvCache {
     /// A cache for `n_seq` sequences of `n_ctx` positions, each with blocks of its own.
-    pub fn new(
-        n_seq: usize,
-        n_layer: usize,
-        n_ctx: usize,
-        k_dim: usize,
-        v_dim: usize,
-        ty: KvType,
-    ) -> KvCache {
+    pub fn new(n_seq: usize, n_layer: usize, n_ctx: usize, dims: KvDims, ty: KvType) -> KvCache {
         let per_seq = n_ctx.div_ceil(BLOCK);
-        let mut kv = KvCache::pool(n_seq * per_seq, n_seq, n_ctx, n_layer, k_dim, v_dim, ty);
+        let mut kv = KvCache::pool(n_seq * per_seq, n_seq, n_ctx, n_layer, dims, ty);
         for (s, table) in kv.tables.iter_mut().enumerate() {
             table.extend((s * per_seq..(s + 1) * per_seq).map(|b| b as u32));
         }
@@ -354,8 +415,7 @@ impl KvCache {
         n_seq: usize,
         n_ctx: usize,
         n_layer: usize,
-        k_dim: usize,
-        v_dim: usize,
+        dims: KvDims,
         ty: KvType,
     ) -> KvCache {
         assert!(n_blocks <= u32::MAX as usize, "block ids are u32");
@@ -365,11 +425,10 @@ impl KvCache {
             n_layer,
             n_ctx,
             n_blocks,
-            k_dim,
-            v_dim,
+            dims,
             ty,
-            k: Store::new(ty, rows, k_dim, true),
-            v: Store::new(ty, rows, v_dim, false),
+            k: Store::new(ty, rows, dims.k_dim(), 1),
+            v: Store::new(ty, rows, dims.v_dim(), dims.head_dim_v),
             tables: vec![Vec::new(); n_seq],
         }
     }
@@ -401,18 +460,24 @@ impl KvCache {
 
     /// How an exported block is laid out, for the keys of caches on disk: blocks written with
     /// another layout are foreign.
-    pub fn block_layout(ty: KvType, n_layer: usize, k_dim: usize, v_dim: usize) -> String {
-        let keys = if ty.quant().is_some() {
-            format!("{BLOCK}, k {k_dim}")
+    pub fn block_layout(ty: KvType, n_layer: usize, dims: KvDims) -> String {
+        let (k_dim, v_dim) = (dims.k_dim(), dims.v_dim());
+        let (keys, values) = if ty.quant().is_some() {
+            (format!("{BLOCK}, k {k_dim}"), format!("{BLOCK}, {v_dim}"))
         } else {
-            format!("k {k_dim} transposed, {BLOCK}")
+            let (n_kv, hdv) = (dims.n_kv, dims.head_dim_v);
+            (
+                format!("k {k_dim} transposed, {BLOCK}"),
+                format!("n_kv {n_kv}, {BLOCK}, {hdv}"),
+            )
         };
-        format!("blocks of {BLOCK} tokens: [n_layer {n_layer}, {keys}] then v [{BLOCK}, {v_dim}]")
+        format!("blocks of {BLOCK} tokens: [n_layer {n_layer}, {keys}] then v [{values}]")
     }
 
     /// Bytes of one block (its keys and values at every layer): the size of an exported block.
     pub fn block_bytes(&self) -> usize {
-        self.n_layer * BLOCK * (self.ty.row_bytes(self.k_dim) + self.ty.row_bytes(self.v_dim))
+        let (k, v) = (self.dims.k_dim(), self.dims.v_dim());
+        self.n_layer * BLOCK * (self.ty.row_bytes(k) + self.ty.row_bytes(v))
     }
 
     /// The blocks of a sequence: `table[i]` holds positions `[i * BLOCK, (i + 1) * BLOCK)`.
@@ -514,7 +579,7 @@ impl KvCache {
             )));
         }
         let rows = self.n_layer * BLOCK;
-        let kb = rows * self.ty.row_bytes(self.k_dim);
+        let kb = rows * self.ty.row_bytes(self.dims.k_dim());
         let r = self.row_index(b, 0, 0);
         self.k.import(r, &bytes[..kb]);
         self.v.import(r, &bytes[kb..]);
@@ -545,20 +610,34 @@ mod tests {
 
     #[test]
     fn positions_map_through_the_table() {
-        let mut kv = KvCache::pool(4, 2, 4 * BLOCK, 2, 3, 2, KvType::F32);
+        // Two KV heads of 2 key and 3 value elements.
+        let dims = KvDims {
+            n_kv: 2,
+            head_dim: 2,
+            head_dim_v: 3,
+        };
+        let mut kv = KvCache::pool(4, 2, 4 * BLOCK, 2, dims, KvType::F32);
         kv.table_mut(0).extend([2, 0]);
         kv.table_mut(1).push(2); // shares the first block
         assert!(kv.covers(0, BLOCK + 5) && !kv.covers(0, 2 * BLOCK) && !kv.covers(1, BLOCK));
-        kv.store(0, 1, BLOCK + 1, &[1.0, 2.0, 3.0], &[4.0, 5.0]);
-        kv.store(0, 1, 3, &[6.0, 7.0, 8.0], &[9.0, 10.0]);
-        // Keys transposed (element j of position p at j * BLOCK + p), values as rows.
+        let v: [f32; 6] = std::array::from_fn(|i| 10.0 + i as f32);
+        kv.store(0, 1, BLOCK + 1, &[1.0, 2.0, 3.0, 4.0], &v);
+        kv.store(0, 1, 3, &[6.0, 7.0, 8.0, 9.0], &v);
+        // Keys transposed (element j of position p at j * BLOCK + p), values head by head (head
+        // h's row p at (h * BLOCK + p) * 3).
         let (k, v) = kv.block_rows(0, 1, 1);
-        let (Rows::F32T(k), Rows::F32(v)) = (k, v) else {
+        let (Rows::F32T(k), Rows::F32H(v)) = (k, v) else {
             panic!("f32 rows")
         };
+        let at = |j: usize| j * BLOCK + 1;
         assert_eq!(
-            ([k[1], k[BLOCK + 1], k[2 * BLOCK + 1]], &v[2..4]),
-            ([1.0, 2.0, 3.0], &[4.0, 5.0][..])
+            [k[at(0)], k[at(1)], k[at(2)], k[at(3)]],
+            [1.0, 2.0, 3.0, 4.0]
+        );
+        let (h0, h1) = (3, (BLOCK + 1) * 3);
+        assert_eq!(
+            (&v[h0..h0 + 3], &v[h1..h1 + 3]),
+            (&[10.0, 11.0, 12.0][..], &[13.0, 14.0, 15.0][..])
         );
         let (Rows::F32T(k), _) = kv.block_rows(1, 1, 0) else {
             panic!("f32 rows")
@@ -571,7 +650,12 @@ mod tests {
         // A row's bytes are kv_quant's blocks of that row alone, at the row's place in its block.
         for ty in [KvType::Q8_0, KvType::Q4_0] {
             let (kd, vd) = (64, 96);
-            let mut kv = KvCache::pool(2, 1, 2 * BLOCK, 1, kd, vd, ty);
+            let dims = KvDims {
+                n_kv: 1,
+                head_dim: kd,
+                head_dim_v: vd,
+            };
+            let mut kv = KvCache::pool(2, 1, 2 * BLOCK, 1, dims, ty);
             kv.table_mut(0).extend([1, 0]);
             let k: Vec<f32> = (0..kd).map(|i| (i as f32 * 0.3).sin()).collect();
             let v: Vec<f32> = (0..vd).map(|i| (i as f32 * 0.7).cos() * 3.0).collect();
@@ -613,9 +697,14 @@ mod tests {
     #[test]
     fn blocks_copy_export_and_import_whole() {
         for ty in KvType::ALL {
-            // Rows of one 32-element block, so the quantized types fit too.
+            // Rows of one 32-element block, so the quantized types fit too, in two heads.
             let w = 32;
-            let mut kv = KvCache::pool(3, 1, 3 * BLOCK, 2, w, w, ty);
+            let dims = KvDims {
+                n_kv: 2,
+                head_dim: w / 2,
+                head_dim_v: w / 2,
+            };
+            let mut kv = KvCache::pool(3, 1, 3 * BLOCK, 2, dims, ty);
             kv.table_mut(0).extend([1, 2]);
             for p in 0..BLOCK + 3 {
                 let x = p as f32;

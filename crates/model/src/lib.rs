@@ -36,7 +36,7 @@ pub use arch::{arch_spec, ArchSpec, FfnKind, ARCHS};
 pub use config::{Config, LayerConfig, MoeConfig};
 pub use error::ModelError;
 pub use forward::{Batch, Scratch, Tap};
-pub use kv_cache::{KvCache, KvType, BLOCK as KV_BLOCK};
+pub use kv_cache::{KvCache, KvDims, KvType, BLOCK as KV_BLOCK};
 pub use matmul::{matmul, matmul_fused, matmul_gather, Group, Product, QuantActs};
 pub use memory::advise_huge_pages;
 pub use model::Model;

@@ -60,7 +60,7 @@ fn run_prompts(
     let pool = ThreadPool::new(threads);
     let longest = seqs.iter().map(Vec::len).max().unwrap();
     let n_ctx = longest.next_multiple_of(64);
-    let mut kv = KvCache::new(seqs.len(), c.n_layer, n_ctx, c.k_dim(), c.v_dim(), kv_type);
+    let mut kv = KvCache::new(seqs.len(), c.n_layer, n_ctx, c.kv_dims(), kv_type);
     let mut scratch = Scratch::new(model, (chunk * seqs.len()).max(64));
     let mut out: Vec<Vec<Vec<f32>>> = vec![Vec::new(); seqs.len()];
     for start in (0..longest).step_by(chunk) {

@@ -278,7 +278,7 @@ fn quantized_kv_cache_needs_whole_blocks_per_head() {
         logits: &[false, true],
     };
     for ty in KvType::ALL {
-        let mut kv = KvCache::new(1, c.n_layer, 64, c.k_dim(), c.v_dim(), ty);
+        let mut kv = KvCache::new(1, c.n_layer, 64, c.kv_dims(), ty);
         let got = model.forward(&pool, &mut kv, &mut scratch, &batch, None);
         match ty {
             KvType::F16 | KvType::F32 => assert!(got.is_ok()),

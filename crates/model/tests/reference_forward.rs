@@ -35,14 +35,7 @@ fn decoder(model: &Model, seqs: &[Vec<u32>], prefill: usize) -> Vec<Vec<Vec<f32>
     let c = &model.config;
     let pool = ThreadPool::new(2);
     let longest = seqs.iter().map(Vec::len).max().unwrap();
-    let mut kv = KvCache::new(
-        seqs.len(),
-        c.n_layer,
-        longest,
-        c.k_dim(),
-        c.v_dim(),
-        KvType::F32,
-    );
+    let mut kv = KvCache::new(seqs.len(), c.n_layer, longest, c.kv_dims(), KvType::F32);
     let mut scratch = Scratch::new(model, seqs.len() * prefill.max(1));
     let mut out = vec![Vec::new(); seqs.len()];
     let mut start = 0;

@@ -126,7 +126,7 @@ pub fn run(args: Args) -> Result<()> {
                 avail as f64 / 1e9
             );
         }
-        let mut kv = KvCache::new(n_seq, c.n_layer, n_ctx, c.k_dim(), c.v_dim(), m.kv_type);
+        let mut kv = KvCache::new(n_seq, c.n_layer, n_ctx, c.kv_dims(), m.kv_type);
         if depth > 0 {
             let t0 = Instant::now();
             for seq in 0..n_seq {

@@ -46,7 +46,7 @@ pub fn run(args: Args) -> Result<()> {
 
     let n_batch = args.batch.clamp(1, n_ctx);
     let mut scratch = Scratch::new(&m.model, n_batch);
-    let mut kv = KvCache::new(1, c.n_layer, n_ctx, c.k_dim(), c.v_dim(), m.kv_type);
+    let mut kv = KvCache::new(1, c.n_layer, n_ctx, c.kv_dims(), m.kv_type);
     let first = n_ctx / 2;
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
     let pb = progress_bar(n_chunk as u64, "perplexity");

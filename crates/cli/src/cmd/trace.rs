@@ -268,7 +268,7 @@ pub fn run(args: Args) -> Result<()> {
 
     let c = &m.model.config;
     let n = tokens.len();
-    let mut kv = KvCache::new(1, c.n_layer, n, c.k_dim(), c.v_dim(), m.kv_type);
+    let mut kv = KvCache::new(1, c.n_layer, n, c.kv_dims(), m.kv_type);
     let mut scratch = Scratch::new(&m.model, n);
     let pos: Vec<usize> = (0..n).collect();
     let seq = vec![0usize; n];

@@ -369,7 +369,7 @@ fn bench_attention_at_depth() {
     let kvs: Vec<KvCache> = types
         .iter()
         .map(|&ty| {
-            let mut kv = KvCache::new(1, layers, len, kd, vd, ty);
+            let mut kv = KvCache::new(1, layers, len, c.kv_dims(), ty);
             let mut rng = Rng(5);
             for p in 0..len {
                 let (k, v) = (rng.row(kd, 2.0), rng.row(vd, 1.0));
