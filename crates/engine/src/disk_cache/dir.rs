@@ -24,6 +24,41 @@ fn parse_name(name: &str) -> Option<BlockHash> {
     u128::from_str_radix(hex, 16).ok()
 }
 
+/// Whether `name` is a namespace directory's: exactly 32 lowercase hex digits.
+fn is_namespace_name(name: &str) -> bool {
+    name.len() == 32 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The namespace directories under `root` other than `ours` (other models, KV types, or block
+/// layouts of other builds), and the bytes of the files directly in them: never read by this
+/// cache, and not its to delete. Best effort: what cannot be listed is left out.
+pub(super) fn other_namespaces(root: &Path, ours: u128) -> (usize, u64) {
+    let ours = format!("{ours:032x}");
+    let Ok(entries) = fs::read_dir(root) else {
+        return (0, 0);
+    };
+    let (mut dirs, mut bytes) = (0, 0);
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !is_namespace_name(&name) || name == ours {
+            continue;
+        }
+        // Not through a symlink: only directories that are the cache's own.
+        if !fs::symlink_metadata(entry.path()).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        dirs += 1;
+        let files = fs::read_dir(entry.path()).into_iter().flatten().flatten();
+        bytes += files
+            .filter_map(|f| f.metadata().ok())
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+            .sum::<u64>();
+    }
+    (dirs, bytes)
+}
+
 /// Creates `dir` and checks a file can be written in it.
 pub(super) fn prepare_dir(dir: &Path) -> Result<(), DiskCacheError> {
     fs::create_dir_all(dir).map_err(|error| {
@@ -132,4 +167,28 @@ pub(super) fn scan(
         }
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn other_namespaces_are_counted_with_their_bytes() {
+        let root = tempfile::tempdir().unwrap();
+        let (ours, theirs) = (0xabu128, 0xcdu128);
+        for (ns, files) in [(ours, 3), (theirs, 2)] {
+            let dir = root.path().join(format!("{ns:032x}"));
+            fs::create_dir(&dir).unwrap();
+            for i in 0..files {
+                fs::write(dir.join(file_name(i)), vec![0u8; 1000]).unwrap();
+            }
+        }
+        // Not namespaces: a file with a namespace's name, a directory of another name.
+        fs::write(root.path().join(format!("{:032x}", 0xefu128)), b"x").unwrap();
+        fs::create_dir(root.path().join("notes")).unwrap();
+        assert_eq!(other_namespaces(root.path(), ours), (1, 2000));
+        assert_eq!(other_namespaces(root.path(), theirs), (1, 3000));
+        assert_eq!(other_namespaces(&root.path().join("absent"), ours), (0, 0));
+    }
 }

@@ -17,7 +17,8 @@
 //!   a miss. Nothing found on disk makes this module panic or allocate more than the file holds.
 //! - **LRU.** In memory, a tick per file; on disk, the mtime (set when written and at each hit),
 //!   which orders the files at the next open. The limit counts whole files of this namespace's
-//!   directory; other namespaces' directories are left alone.
+//!   directory; other namespaces' directories are left alone (open reports how many there are
+//!   and their size: after an upgrade that changed the block layout, the old build's blocks).
 //! - **The namespace directory belongs to the cache.** Anything in it that is not a valid cache
 //!   file of this namespace is deleted at open. One process should use a directory at a time (a
 //!   second one would delete the first's temp files at open; the checksums keep both correct).
@@ -37,7 +38,7 @@ use std::time::SystemTime;
 
 pub use identity::{cache_namespace, model_identity};
 
-use dir::{file_name, prepare_dir, remove_any, scan};
+use dir::{file_name, other_namespaces, prepare_dir, remove_any, scan};
 use format::Invalid;
 
 /// The hash chain of a block: `h_i = xxh3_128(h_{i-1} as 16 LE bytes ‖ its token ids as u32 LE)`,
@@ -409,6 +410,20 @@ impl DiskCache {
             cfg.limit >> 20
         );
         drop(st);
+        let (others, bytes) = other_namespaces(&cfg.dir, namespace);
+        if others > 0 {
+            let dirs = if others == 1 {
+                "directory"
+            } else {
+                "directories"
+            };
+            tracing::info!(
+                "disk cache {}: {others} other cache {dirs} ({} MiB) for other models, KV types \
+                 or another build's block layout; not read by this one and not deleted",
+                cfg.dir.display(),
+                bytes >> 20
+            );
+        }
         Ok(DiskCache {
             inner,
             writer: Some(writer),
