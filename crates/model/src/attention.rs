@@ -1533,7 +1533,8 @@ impl Soft for Avx2Soft {
     ) -> bool {
         // Three or four queries: LLVM's steps (over the keys once per 8 lanes, 6 or 8 chains)
         // ran as fast or faster (the 12-layer Qwen3-MoE shape's 4-query calls: 1155 against
-        // 1275 us a layer at depth 4096, one thread); one or two queries had 1 or 2 chains.
+        // 1275 us a layer at depth 4096, one thread; again with a head's values in one run,
+        // 1076-1092 against 1269-1278 us); one or two queries had 1 or 2 chains.
         if N > AVX2_VALUE_CHAINS {
             return false;
         }
