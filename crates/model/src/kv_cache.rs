@@ -15,7 +15,7 @@
 //! wants a block's keys with positions in vector lanes, and converting stored columns is a plain
 //! conversion where transposing stored rows on every read cost most of a decode step's attention
 //! at depth. Its values are kept head by head, `[n_kv, BLOCK, head_dim_v]`: attention reads one KV
-//! head's value rows at a time, and as parts of whole-token rows they lay `v_dim` elements apart (1
+//! head's value rows at a time, and as parts of whole-token rows they lie `v_dim` elements apart (1
 //! KiB for Qwen3-MoE, 2 KiB for 8 KV heads of 128), 64 rows on a few sets of the L1 cache, which
 //! could not hold them. Quantized keys and values (blocks of 32 elements along a row) stay rows.
 //!

@@ -17,15 +17,15 @@ pub(super) fn file_name(h: BlockHash) -> String {
 /// The hash a cache file's name stands for: exactly 32 lowercase hex digits and `.blk`.
 fn parse_name(name: &str) -> Option<BlockHash> {
     let hex = name.strip_suffix(".blk")?;
-    let ok = hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    if !ok {
+    if !is_hex128(hex) {
         return None;
     }
     u128::from_str_radix(hex, 16).ok()
 }
 
-/// Whether `name` is a namespace directory's: exactly 32 lowercase hex digits.
-fn is_namespace_name(name: &str) -> bool {
+/// Whether `name` is a 128-bit value as the cache names it (files and namespace directories):
+/// exactly 32 lowercase hex digits.
+fn is_hex128(name: &str) -> bool {
     name.len() == 32 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
@@ -41,7 +41,7 @@ pub(super) fn other_namespaces(root: &Path, ours: u128) -> (usize, u64) {
     for entry in entries.flatten() {
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if !is_namespace_name(&name) || name == ours {
+        if !is_hex128(&name) || name == ours {
             continue;
         }
         // Not through a symlink: only directories that are the cache's own.
