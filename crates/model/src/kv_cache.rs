@@ -410,6 +410,10 @@ impl KvCache {
 
     /// A pool of `n_blocks` blocks for `n_seq` sequences of up to `n_ctx` positions, with empty
     /// tables: the caller assigns blocks with [`KvCache::table_mut`].
+    ///
+    /// # Panics
+    /// If an f16 or f32 cache's value heads are empty (`dims.head_dim_v` 0; a loaded model's
+    /// config never has that), or there are more than `u32::MAX` blocks.
     pub fn pool(
         n_blocks: usize,
         n_seq: usize,
