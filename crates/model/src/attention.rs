@@ -503,6 +503,12 @@ fn run_task(
         queries_per_call::<f16>(level)
     };
     let per_group = |n: usize| {
+        if level == Level::Avx2 && n == 3 && hdv.is_multiple_of(8) {
+            // `Avx2Soft::score_block` and `value_block`.
+            let chunks = |w| chunks_of_three(w).count();
+            return chunks(KEYS) * hd.div_ceil(Prefetch::EVERY)
+                + chunks(hdv) * KEYS / Prefetch::EVERY;
+        }
         let lanes = key_lanes(level, n);
         let value_steps = if level == Level::Avx2 && n <= AVX2_VALUE_CHAINS {
             KEYS / Prefetch::EVERY
@@ -1257,6 +1263,44 @@ trait Soft {
     /// # Safety
     /// As [`Soft::scale_max`].
     unsafe fn f16s<const W: usize>(x: &[f16; W]) -> [f32; W];
+    /// All `KEYS` lanes of the block's raw scores of `N` queries into `s` (the chains of the
+    /// generic steps, lane by lane over the head dimension in order, each starting at zero; the
+    /// lanes of dead keys too), a prefetch step every [`Prefetch::EVERY`] positions of each group
+    /// of lanes. `false` (nothing done) where the level leaves them to the generic steps.
+    ///
+    /// # Safety
+    /// As [`Soft::scale_max`]; `kt` holds `hd * KEYS` keys, `hd` the queries' length.
+    #[inline(always)]
+    unsafe fn score_block<const N: usize, E: Elem>(
+        _kt: &[E],
+        _q: &[&[f32]; N],
+        _s: &mut [[f32; KEYS]; N],
+        _pf: &mut Option<Prefetch>,
+    ) -> bool {
+        false
+    }
+    /// The whole value update of `N` queries: `state[n][e] = state[n][e] * alpha[n]`, then the
+    /// value chains of the generic steps over the keys `keys` for every element `e < hdv` (rows
+    /// `vs` apart in `vx`). `false` (nothing done) where the level leaves it to the generic
+    /// steps.
+    ///
+    /// # Safety
+    /// As [`Soft::scale_max`]; row `k`'s `hdv` elements lie within `vx` for every key, and each
+    /// state holds at least `hdv` elements.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn value_block<const N: usize, E: Elem>(
+        _vx: &[E],
+        _vs: usize,
+        _hdv: usize,
+        _keys: Range<usize>,
+        _p: &[[f32; KEYS]; N],
+        _alpha: &[f32; N],
+        _state: &mut [&mut [f32]; N],
+        _pf: &mut Option<Prefetch>,
+    ) -> bool {
+        false
+    }
     /// The value chains of `N` queries over the keys `keys` for the `OC` output elements of
     /// each value row from `vx` (rows `vs` apart): `acc[n][i] = fma(p[n][k], v[k][i],
     /// acc[n][i])` key by key in order, a prefetch step every [`Prefetch::EVERY`] keys. `false`
@@ -1523,6 +1567,73 @@ impl Soft for Avx2Soft {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn score_block<const N: usize, E: Elem>(
+        kt: &[E],
+        q: &[&[f32]; N],
+        s: &mut [[f32; KEYS]; N],
+        pf: &mut Option<Prefetch>,
+    ) -> bool {
+        if N != 3 {
+            return false;
+        }
+        let out = s.as_mut_ptr().cast::<f32>();
+        for (at, lanes) in chunks_of_three(KEYS) {
+            // SAFETY: lanes `at..at + lanes` of every key row lie within the block (the caller's
+            // contract) and within each query's `KEYS` scores.
+            unsafe {
+                let (kt, out) = (kt.as_ptr().add(at), out.add(at));
+                match lanes {
+                    24 => score_chains_avx2::<N, 3, E>(kt, q, out, KEYS, pf),
+                    16 => score_chains_avx2::<N, 2, E>(kt, q, out, KEYS, pf),
+                    _ => score_chains_avx2::<N, 1, E>(kt, q, out, KEYS, pf),
+                }
+            }
+        }
+        true
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn value_block<const N: usize, E: Elem>(
+        vx: &[E],
+        vs: usize,
+        hdv: usize,
+        keys: Range<usize>,
+        p: &[[f32; KEYS]; N],
+        alpha: &[f32; N],
+        state: &mut [&mut [f32]; N],
+        pf: &mut Option<Prefetch>,
+    ) -> bool {
+        if N != 3 || !hdv.is_multiple_of(8) {
+            return false;
+        }
+        for (e0, lanes) in chunks_of_three(hdv) {
+            let mut acc = [[0f32; 24]; N];
+            for n in 0..N {
+                for (a, x) in acc[n].iter_mut().zip(&state[n][e0..e0 + lanes]) {
+                    *a = x * alpha[n];
+                }
+            }
+            let a = acc.as_mut_ptr().cast::<f32>();
+            // SAFETY: every key's elements `e0..e0 + lanes` lie within `vx` (the caller's
+            // contract); `acc` is `N` rows of 24 floats.
+            unsafe {
+                let vx = vx.as_ptr().add(e0);
+                match lanes {
+                    24 => value_chains_avx2::<N, 3, E>(vx, vs, keys.clone(), p, a, 24, pf),
+                    16 => value_chains_avx2::<N, 2, E>(vx, vs, keys.clone(), p, a, 24, pf),
+                    _ => value_chains_avx2::<N, 1, E>(vx, vs, keys.clone(), p, a, 24, pf),
+                }
+            }
+            for n in 0..N {
+                state[n][e0..e0 + lanes].copy_from_slice(&acc[n][..lanes]);
+            }
+        }
+        true
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn value_chains<const N: usize, E: Elem, const OC: usize>(
         vx: &[E],
         vs: usize,
@@ -1542,13 +1653,99 @@ impl Soft for Avx2Soft {
         // SAFETY: the caller's contract; `acc` is `N` rows of `OC` floats.
         unsafe {
             match OC {
-                16 => value_chains_avx2::<N, 2, E>(vx.as_ptr(), vs, keys, p, a, pf),
-                32 => value_chains_avx2::<N, 4, E>(vx.as_ptr(), vs, keys, p, a, pf),
-                64 => value_chains_avx2::<N, 8, E>(vx.as_ptr(), vs, keys, p, a, pf),
+                16 => value_chains_avx2::<N, 2, E>(vx.as_ptr(), vs, keys, p, a, OC, pf),
+                32 => value_chains_avx2::<N, 4, E>(vx.as_ptr(), vs, keys, p, a, OC, pf),
+                64 => value_chains_avx2::<N, 8, E>(vx.as_ptr(), vs, keys, p, a, OC, pf),
                 _ => return false,
             }
         }
         true
+    }
+}
+
+/// The chunks (first lane, lanes) the AVX2 kernels of three queries cut `w` lanes into (`w` a
+/// multiple of 8): 24 at a time while 40 or more (or exactly 24) are left, then 16, then 8. Three
+/// queries of 24 lanes keep 9 FMA chains in registers (with 3 broadcasts and one key or value
+/// vector, 13 of the 16), enough for both FMA pipes; of 16 lanes, the generic steps' width, only
+/// 6, one FMA latency per position for 6 FMAs; of 32, 12 chains, which with the broadcasts and a
+/// vector take every register and LLVM spilled one.
+fn chunks_of_three(w: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let rest = w - at;
+        let lanes = match rest {
+            24 => 24,
+            r if r >= 40 => 24,
+            r if r >= 16 => 16,
+            r if r >= 8 => 8,
+            _ => return None,
+        };
+        let chunk = (at, lanes);
+        at += lanes;
+        Some(chunk)
+    })
+}
+
+/// [`Soft::score_block`] on AVX2 for `8 * R` key lanes from `kt` (row `d` of the block's
+/// transposed keys at `kt + d * KEYS`): the `N * R` chains in registers over the head dimension
+/// (each query's element broadcast once per position, each key vector loaded once), stored to
+/// `out` (query `n`'s lanes at `out + n * stride`). A prefetch step every [`Prefetch::EVERY`]
+/// positions.
+///
+/// # Safety
+/// Row `d`'s `8 * R` lanes lie within the block for every `d < hd` (the queries' length), `out`
+/// holds `(N - 1) * stride + 8 * R` floats, and the CPU has AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn score_chains_avx2<const N: usize, const R: usize, E: Elem>(
+    kt: *const E,
+    q: &[&[f32]; N],
+    out: *mut f32,
+    stride: usize,
+    pf: &mut Option<Prefetch>,
+) {
+    use std::arch::x86_64::*;
+    let hd = q[0].len();
+    let mut a = [[_mm256_setzero_ps(); R]; N];
+    // SAFETY (all below): `d < hd`, and row `d`'s lanes lie within the block (the contract).
+    let step = |d: usize, a: &mut [[__m256; R]; N]| {
+        let b: [__m256; N] =
+            std::array::from_fn(|n| _mm256_set1_ps(unsafe { *q[n].get_unchecked(d) }));
+        let row = unsafe { kt.add(d * KEYS) };
+        #[allow(clippy::needless_range_loop)]
+        for r in 0..R {
+            let v = unsafe { E::ymm(row.add(r * 8)) };
+            for n in 0..N {
+                a[n][r] = _mm256_fmadd_ps(b[n], v, a[n][r]);
+            }
+        }
+    };
+    // A count LLVM cannot see: unrolled, the loop's steps were interleaved and their
+    // broadcasts and key vectors held across them, spilling the chains to the stack.
+    let every = std::hint::black_box(Prefetch::EVERY);
+    let mut d0 = 0;
+    while d0 + every <= hd {
+        if let Some(pf) = pf {
+            pf.step();
+        }
+        for d in d0..d0 + every {
+            step(d, &mut a);
+        }
+        d0 += every;
+    }
+    if d0 < hd {
+        if let Some(pf) = pf {
+            pf.step();
+        }
+        for d in d0..hd {
+            step(d, &mut a);
+        }
+    }
+    for (n, a) in a.iter().enumerate() {
+        for (r, a) in a.iter().enumerate() {
+            unsafe { _mm256_storeu_ps(out.add(n * stride + r * 8), *a) };
+        }
     }
 }
 
@@ -1565,15 +1762,16 @@ unsafe fn value_chains_avx2<const N: usize, const R: usize, E: Elem>(
     keys: Range<usize>,
     p: &[[f32; KEYS]; N],
     acc: *mut f32,
+    stride: usize,
     pf: &mut Option<Prefetch>,
 ) {
     use std::arch::x86_64::*;
-    // SAFETY (all below): `acc` holds `N * R * 8` floats and row `k`'s `8 * R` elements lie
-    // within `vx` for every key (the caller's contract).
+    // SAFETY (all below): `acc` holds `(N - 1) * stride + R * 8` floats and row `k`'s `8 * R`
+    // elements lie within `vx` for every key (the caller's contract).
     let mut a = [[_mm256_setzero_ps(); R]; N];
     for (n, a) in a.iter_mut().enumerate() {
         for (r, a) in a.iter_mut().enumerate() {
-            *a = unsafe { _mm256_loadu_ps(acc.add((n * R + r) * 8)) };
+            *a = unsafe { _mm256_loadu_ps(acc.add(n * stride + r * 8)) };
         }
     }
     let step = |k: usize, a: &mut [[__m256; R]; N]| {
@@ -1587,15 +1785,21 @@ unsafe fn value_chains_avx2<const N: usize, const R: usize, E: Elem>(
             }
         }
     };
+    // As in `score_chains_avx2`: three queries' steps, unrolled, spilled their chains.
+    let every = if N == 3 {
+        std::hint::black_box(Prefetch::EVERY)
+    } else {
+        Prefetch::EVERY
+    };
     let mut k0 = keys.start;
-    while k0 + Prefetch::EVERY <= keys.end {
+    while k0 + every <= keys.end {
         if let Some(pf) = pf {
             pf.step();
         }
-        for k in k0..k0 + Prefetch::EVERY {
+        for k in k0..k0 + every {
             step(k, &mut a);
         }
-        k0 += Prefetch::EVERY;
+        k0 += every;
     }
     if k0 < keys.end {
         if let Some(pf) = pf {
@@ -1607,7 +1811,7 @@ unsafe fn value_chains_avx2<const N: usize, const R: usize, E: Elem>(
     }
     for (n, a) in a.iter().enumerate() {
         for (r, a) in a.iter().enumerate() {
-            unsafe { _mm256_storeu_ps(acc.add((n * R + r) * 8), *a) };
+            unsafe { _mm256_storeu_ps(acc.add(n * stride + r * 8), *a) };
         }
     }
 }
@@ -1826,7 +2030,7 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
     vals: Vals<E>,
     live: Range<usize>,
     scale: Scale,
-    state: [&mut [f32]; N],
+    mut state: [&mut [f32]; N],
 ) {
     let hdv = state[0].len() - 2;
     let (ks, kc) = (live.start, live.end);
@@ -1845,9 +2049,11 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
             let hd = q[0].len();
             assert!(kt.len() == hd * KEYS && q.iter().all(|q| q.len() == hd));
             const { assert!(KEYS.is_multiple_of(KS)) };
+            // SAFETY: `kt` and `q` have the lengths asserted above; `S` is the caller's level.
+            let done = unsafe { S::score_block::<N, E>(kt, &q, &mut s, &mut pf) };
             // For each key lane, one FMA chain over the head dimension in order; the groups of
             // `KS` lanes with no live key are skipped (their scores are never read).
-            for kb in (ks / KS * KS..kc).step_by(KS) {
+            for kb in (ks / KS * KS..if done { 0 } else { kc }).step_by(KS) {
                 // A local array the compiler keeps in registers through the chain.
                 let mut acc = [[0f32; KS]; N];
                 // The prefetch step and the bounds once per `EVERY` positions, not per position:
@@ -1907,6 +2113,14 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
         st[hdv + 1] = sum.mul_add(alpha[n], bsum);
     }
     // o = o * alpha + Σ_k p_k v_k, each element's chain over the keys in order.
+    // SAFETY: every live row's `hdv` elements end by `(kc - 1) * vs + hdv`, within `vx`, and
+    // each state holds `hdv + 2` (asserted above); `S` is the caller's level.
+    if unsafe { S::value_block::<N, E>(vx, vs, hdv, ks..kc, &p, &alpha, &mut state, &mut pf) } {
+        if let (Some(c), Some(pf)) = (src_pf, pf) {
+            c.set(pf);
+        }
+        return;
+    }
     let mut e0 = 0;
     while e0 + OC <= hdv {
         let mut acc = [[0f32; OC]; N];
