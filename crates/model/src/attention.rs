@@ -2,8 +2,8 @@
 //!
 //! One task covers a block of up to [`rows_per_task`] consecutive batch rows of one sequence and one
 //! KV head (with all the query heads that share it, or one of them when there would be too few tasks
-//! to keep the threads busy), or, decoding at depth, the KV heads of one chunk that fit
-//! [`TASK_BLOCK_BYTES`] (below). Keys and values are read in blocks of [`KEYS`] positions,
+//! to keep the threads busy), or, decoding at depth, the KV heads that fit [`TASK_BLOCK_BYTES`] over
+//! some consecutive chunks (below). Keys and values are read in blocks of [`KEYS`] positions,
 //! converted to f32 once per task and block and reused by every (row, head) of the task, or, when a task has
 //! no more queries than one kernel call takes (decode), read by the kernel where the cache holds
 //! them and widened as they are loaded (exact either way, so the same bits); the cache stores a
@@ -122,14 +122,21 @@ impl Scale {
 
 /// Keys per chunk of the depth split (a multiple of [`KEYS`]). Every row's key range is cut at the
 /// multiples of `CHUNK`; each chunk gets its own online-softmax state, and the states are merged in
-/// chunk order. A task covers one chunk (decode at depth: the chunks of a long context run on all
-/// threads) or all of them, folding each into the running state as it finishes: the same merges in
-/// the same order, so the same bits either way.
+/// chunk order. A task covers some consecutive chunks, a state each (decode at depth: the chunks
+/// of a long context run on all threads), or all of them, folding each into the running state as it
+/// finishes: the same merges in the same order, so the same bits either way.
 pub(crate) const CHUNK: usize = 4 * KEYS;
 
 /// Split contexts by chunk when the calls' rows and KV heads alone give fewer tasks than this many
 /// per thread.
 const SPLIT_BELOW_PER_THREAD: usize = 4;
+
+/// Tasks per thread a split call aims at, each of as many consecutive chunks as that leaves. A
+/// task prefetches every next block while it computes one, but reads its first block cold; fewer
+/// tasks balance worse. One decoding row at depth 4096, 2 threads, 5 rounds, medians of the
+/// rounds' medians (`bench_attention_at_depth`): SmolLM2 (16 tasks of one chunk, 8 of two, 4 of
+/// four) 6.10 / 5.50 / 6.23 ms; the 12-layer MoE shape (32, 16, 8 tasks) 9.59 / 9.25 / 8.10 ms.
+const TASKS_PER_THREAD: usize = 4;
 
 /// Most bytes of a block (keys and values) a task's KV heads take, where a task could take all
 /// of them: its next block is prefetched into L2 while it computes this one.
@@ -159,16 +166,18 @@ struct Run {
     part: usize,
 }
 
-/// One task: a run, KV heads from `kvh` (one, or all of them), a share of their query heads, one
-/// chunk or all of them.
+/// One task: a run, KV heads from `kvh` (one, or all of them), a share of their query heads, some
+/// chunks each with a state of its own, or all of them folded.
 #[derive(Clone, Copy)]
 struct Task {
     run: u32,
     kvh: u32,
     nkvh: u32,
     share: u32,
-    /// `ALL`, or the chunk this task computes the state of.
+    /// `ALL`, or the first chunk this task computes the states of.
     chunk: u32,
+    /// How many chunks from `chunk` (split calls).
+    nch: u32,
 }
 
 const ALL: u32 = u32::MAX;
@@ -273,11 +282,21 @@ pub(crate) fn attend(
     } else {
         1
     };
+    // Chunks per task in a split call: as many as leave `TASKS_PER_THREAD` tasks a thread. A task
+    // prefetches each next block as it computes one, but the first block of a task comes from
+    // memory unannounced.
+    let per_task = if split_depth {
+        let chunk_tasks = per_kvh * c.n_head_kv.div_ceil(kpt) * split;
+        (chunk_tasks / (TASKS_PER_THREAD * threads)).max(1) as u32
+    } else {
+        1
+    };
     tasks.clear();
     // Later runs of a prefill see more keys: hand them out first.
     for (ri, run) in runs.iter().enumerate().rev() {
-        for k in 0..if split_depth { run.nc } else { 1 } {
+        for k in (0..if split_depth { run.nc } else { 1 }).step_by(per_task as usize) {
             let chunk = if split_depth { run.c0 + k } else { ALL };
+            let nch = per_task.min(run.nc - k);
             for kvh in (0..c.n_head_kv).step_by(kpt) {
                 for share in 0..split {
                     tasks.push(Task {
@@ -286,6 +305,7 @@ pub(crate) fn attend(
                         nkvh: kpt as u32,
                         share: share as u32,
                         chunk,
+                        nch,
                     });
                 }
             }
@@ -525,16 +545,12 @@ fn run_task(
                 0
             });
     let shape = (hd, hdv);
-    let k_end = if task.chunk == ALL {
-        max_len
-    } else {
-        ((task.chunk as usize + 1) * CHUNK).min(max_len)
-    };
     let chunks = if task.chunk == ALL {
         run.c0 as usize..(run.c0 + run.nc) as usize
     } else {
-        task.chunk as usize..task.chunk as usize + 1
+        task.chunk as usize..(task.chunk + task.nch) as usize
     };
+    let k_end = (chunks.end * CHUNK).min(max_len);
     for ch in chunks {
         // Rows live in this chunk start a fresh state.
         let live = |t: usize| r.lo[t] / CHUNK <= ch && ch <= r.pos[t] / CHUNK;

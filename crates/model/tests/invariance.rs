@@ -105,8 +105,9 @@ fn assert_invariant(name: &str) {
 }
 
 /// Past one chunk of attention's depth split (256 keys): decode steps split a row's context over
-/// tasks chunk by chunk and merge the chunks' states afterwards, prefill tasks fold them as they
-/// go; the logits are the same bits whichever ran, with any thread count and batch mix. Past 8
+/// tasks of one or more chunks (more with fewer threads) and merge the chunks' states afterwards,
+/// prefill tasks fold them as they go; the logits are the same bits whichever ran, with any thread
+/// count and batch mix. Past 8
 /// chunks (2048 keys) a decode task with 2 threads takes all KV heads of its chunk.
 fn assert_depth_invariant(name: &str, model: &Model) {
     let n_vocab = model.config.n_vocab as u32;
