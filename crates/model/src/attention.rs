@@ -1246,7 +1246,7 @@ fn queries_per_call<E: Elem>(level: Level) -> usize {
     }
 }
 
-/// Most queries whose value chains the AVX2 level runs as [`value_chains_avx2`].
+/// Most queries whose value chains the AVX2 level runs as [`chains_avx2`].
 const AVX2_VALUE_CHAINS: usize = 2;
 
 /// Key lanes the block kernel of `level` keeps in registers at a time for `n` queries.
@@ -1279,9 +1279,9 @@ trait Soft {
     /// # Safety
     /// As [`Soft::scale_max`].
     unsafe fn f16s<const W: usize>(x: &[f16; W]) -> [f32; W];
-    /// All `KEYS` lanes of the block's raw scores of `N` queries into `s` (the chains of the
-    /// generic steps, lane by lane over the head dimension in order, each starting at zero; the
-    /// lanes of dead keys too), a prefetch step every [`Prefetch::EVERY`] positions of each group
+    /// All `KEYS` lanes of the block's raw scores of `N` queries into `s`, which holds zeros on
+    /// entry (the chains of the generic steps, lane by lane over the head dimension in order,
+    /// each starting at zero; the lanes of dead keys too), a prefetch step every [`Prefetch::EVERY`] positions of each group
     /// of lanes. `false` (nothing done) where the level leaves them to the generic steps.
     ///
     /// # Safety
@@ -1592,16 +1592,18 @@ impl Soft for Avx2Soft {
         if N != 3 {
             return false;
         }
-        let out = s.as_mut_ptr().cast::<f32>();
+        let (out, hd) = (s.as_mut_ptr().cast::<f32>(), q[0].len());
         for (at, lanes) in chunks_of_three(KEYS) {
             // SAFETY: lanes `at..at + lanes` of every key row lie within the block (the caller's
-            // contract) and within each query's `KEYS` scores.
+            // contract) and within each query's `KEYS` scores; `w` reads `d < hd`, every query's
+            // length.
             unsafe {
                 let (kt, out) = (kt.as_ptr().add(at), out.add(at));
+                let w = |n: usize, d: usize| *q[n].get_unchecked(d);
                 match lanes {
-                    24 => score_chains_avx2::<N, 3, E>(kt, q, out, KEYS, pf),
-                    16 => score_chains_avx2::<N, 2, E>(kt, q, out, KEYS, pf),
-                    _ => score_chains_avx2::<N, 1, E>(kt, q, out, KEYS, pf),
+                    24 => chains_avx2::<N, 3, E>(kt, KEYS, 0..hd, w, out, KEYS, pf),
+                    16 => chains_avx2::<N, 2, E>(kt, KEYS, 0..hd, w, out, KEYS, pf),
+                    _ => chains_avx2::<N, 1, E>(kt, KEYS, 0..hd, w, out, KEYS, pf),
                 }
             }
         }
@@ -1630,15 +1632,15 @@ impl Soft for Avx2Soft {
                     *a = x * alpha[n];
                 }
             }
-            let a = acc.as_mut_ptr().cast::<f32>();
+            let (a, w) = (acc.as_mut_ptr().cast::<f32>(), |n: usize, k: usize| p[n][k]);
             // SAFETY: every key's elements `e0..e0 + lanes` lie within `vx` (the caller's
             // contract); `acc` is `N` rows of 24 floats.
             unsafe {
                 let vx = vx.as_ptr().add(e0);
                 match lanes {
-                    24 => value_chains_avx2::<N, 3, E>(vx, vs, keys.clone(), p, a, 24, pf),
-                    16 => value_chains_avx2::<N, 2, E>(vx, vs, keys.clone(), p, a, 24, pf),
-                    _ => value_chains_avx2::<N, 1, E>(vx, vs, keys.clone(), p, a, 24, pf),
+                    24 => chains_avx2::<N, 3, E>(vx, vs, keys.clone(), w, a, 24, pf),
+                    16 => chains_avx2::<N, 2, E>(vx, vs, keys.clone(), w, a, 24, pf),
+                    _ => chains_avx2::<N, 1, E>(vx, vs, keys.clone(), w, a, 24, pf),
                 }
             }
             for n in 0..N {
@@ -1665,13 +1667,13 @@ impl Soft for Avx2Soft {
         if N > AVX2_VALUE_CHAINS {
             return false;
         }
-        let a = acc.as_mut_ptr().cast::<f32>();
+        let (a, w) = (acc.as_mut_ptr().cast::<f32>(), |n: usize, k: usize| p[n][k]);
         // SAFETY: the caller's contract; `acc` is `N` rows of `OC` floats.
         unsafe {
             match OC {
-                16 => value_chains_avx2::<N, 2, E>(vx.as_ptr(), vs, keys, p, a, OC, pf),
-                32 => value_chains_avx2::<N, 4, E>(vx.as_ptr(), vs, keys, p, a, OC, pf),
-                64 => value_chains_avx2::<N, 8, E>(vx.as_ptr(), vs, keys, p, a, OC, pf),
+                16 => chains_avx2::<N, 2, E>(vx.as_ptr(), vs, keys, w, a, OC, pf),
+                32 => chains_avx2::<N, 4, E>(vx.as_ptr(), vs, keys, w, a, OC, pf),
+                64 => chains_avx2::<N, 8, E>(vx.as_ptr(), vs, keys, w, a, OC, pf),
                 _ => return false,
             }
         }
@@ -1702,97 +1704,43 @@ fn chunks_of_three(w: usize) -> impl Iterator<Item = (usize, usize)> {
     })
 }
 
-/// [`Soft::score_block`] on AVX2 for `8 * R` key lanes from `kt` (row `d` of the block's
-/// transposed keys at `kt + d * KEYS`): the `N * R` chains in registers over the head dimension
-/// (each query's element broadcast once per position, each key vector loaded once), stored to
-/// `out` (query `n`'s lanes at `out + n * stride`). A prefetch step every [`Prefetch::EVERY`]
-/// positions.
+/// The AVX2 chains of [`Soft::value_chains`] and [`Soft::score_block`] for `8 * R` lanes, `acc`
+/// being `N` rows of them (row `n` at `acc + n * stride`): for each position `i` of `at` in
+/// order, `acc[n][l] = fma(w(n, i), x[i][l], acc[n][l])`, row `x[i]` at `x + i * xs` (value rows
+/// over the keys; for scores the transposed keys' rows over the head dimension). The `N * R`
+/// chains stay in registers, each position's `R` vectors are loaded once and each weight
+/// broadcast once; a prefetch step every [`Prefetch::EVERY`] positions. The generic steps left
+/// the values to LLVM, which went over the keys once per 8 output lanes with `N` chains each,
+/// four of the FMAs' four cycles of latency for a 4-query call.
 ///
 /// # Safety
-/// Row `d`'s `8 * R` lanes lie within the block for every `d < hd` (the queries' length), `out`
-/// holds `(N - 1) * stride + 8 * R` floats, and the CPU has AVX2, FMA and F16C.
+/// `acc` holds `(N - 1) * stride + 8 * R` floats, row `i`'s `8 * R` elements lie within one
+/// allocation for every `i` in `at`, `w` may be called with any `n < N` and `i` in `at`, and the
+/// CPU has AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn score_chains_avx2<const N: usize, const R: usize, E: Elem>(
-    kt: *const E,
-    q: &[&[f32]; N],
-    out: *mut f32,
-    stride: usize,
-    pf: &mut Option<Prefetch>,
-) {
-    use std::arch::x86_64::*;
-    let hd = q[0].len();
-    let mut a = [[_mm256_setzero_ps(); R]; N];
-    // SAFETY (all below): `d < hd`, and row `d`'s lanes lie within the block (the contract).
-    let step = |d: usize, a: &mut [[__m256; R]; N]| {
-        let b: [__m256; N] =
-            std::array::from_fn(|n| _mm256_set1_ps(unsafe { *q[n].get_unchecked(d) }));
-        let row = unsafe { kt.add(d * KEYS) };
-        #[allow(clippy::needless_range_loop)]
-        for r in 0..R {
-            let v = unsafe { E::ymm(row.add(r * 8)) };
-            for n in 0..N {
-                a[n][r] = _mm256_fmadd_ps(b[n], v, a[n][r]);
-            }
-        }
-    };
-    // A count LLVM cannot see: unrolled, the loop's steps were interleaved and their
-    // broadcasts and key vectors held across them, spilling the chains to the stack.
-    let every = std::hint::black_box(Prefetch::EVERY);
-    let mut d0 = 0;
-    while d0 + every <= hd {
-        if let Some(pf) = pf {
-            pf.step();
-        }
-        for d in d0..d0 + every {
-            step(d, &mut a);
-        }
-        d0 += every;
-    }
-    if d0 < hd {
-        if let Some(pf) = pf {
-            pf.step();
-        }
-        for d in d0..hd {
-            step(d, &mut a);
-        }
-    }
-    for (n, a) in a.iter().enumerate() {
-        for (r, a) in a.iter().enumerate() {
-            unsafe { _mm256_storeu_ps(out.add(n * stride + r * 8), *a) };
-        }
-    }
-}
-
-/// [`Soft::value_chains`] on AVX2 for `8 * R` output elements, `acc` being `N` rows of them: the
-/// `N * R` chains in registers across the keys, each key's `R` value vectors loaded once. The
-/// generic steps left this to LLVM, which went over the keys once per 8 output lanes with `N`
-/// chains each, four of the FMAs' four cycles of latency for a 4-query call.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn value_chains_avx2<const N: usize, const R: usize, E: Elem>(
-    vx: *const E,
-    vs: usize,
-    keys: Range<usize>,
-    p: &[[f32; KEYS]; N],
+unsafe fn chains_avx2<const N: usize, const R: usize, E: Elem>(
+    x: *const E,
+    xs: usize,
+    at: Range<usize>,
+    w: impl Fn(usize, usize) -> f32,
     acc: *mut f32,
     stride: usize,
     pf: &mut Option<Prefetch>,
 ) {
     use std::arch::x86_64::*;
-    // SAFETY (all below): `acc` holds `(N - 1) * stride + R * 8` floats and row `k`'s `8 * R`
-    // elements lie within `vx` for every key (the caller's contract).
+    // SAFETY (all below): the caller's contract.
     let mut a = [[_mm256_setzero_ps(); R]; N];
     for (n, a) in a.iter_mut().enumerate() {
         for (r, a) in a.iter_mut().enumerate() {
             *a = unsafe { _mm256_loadu_ps(acc.add(n * stride + r * 8)) };
         }
     }
-    let step = |k: usize, a: &mut [[__m256; R]; N]| {
-        let b: [__m256; N] = std::array::from_fn(|n| _mm256_set1_ps(p[n][k]));
-        let row = unsafe { vx.add(k * vs) };
+    let step = |i: usize, a: &mut [[__m256; R]; N]| {
+        let b: [__m256; N] = std::array::from_fn(|n| _mm256_set1_ps(w(n, i)));
+        let row = unsafe { x.add(i * xs) };
         #[allow(clippy::needless_range_loop)]
         for r in 0..R {
             let v = unsafe { E::ymm(row.add(r * 8)) };
@@ -1801,28 +1749,29 @@ unsafe fn value_chains_avx2<const N: usize, const R: usize, E: Elem>(
             }
         }
     };
-    // As in `score_chains_avx2`: three queries' steps, unrolled, spilled their chains.
+    // A count LLVM cannot see for three queries: unrolled, the loop's steps were interleaved and
+    // their broadcasts and vectors held across them, spilling the chains to the stack.
     let every = if N == 3 {
         std::hint::black_box(Prefetch::EVERY)
     } else {
         Prefetch::EVERY
     };
-    let mut k0 = keys.start;
-    while k0 + every <= keys.end {
+    let mut i0 = at.start;
+    while i0 + every <= at.end {
         if let Some(pf) = pf {
             pf.step();
         }
-        for k in k0..k0 + every {
-            step(k, &mut a);
+        for i in i0..i0 + every {
+            step(i, &mut a);
         }
-        k0 += every;
+        i0 += every;
     }
-    if k0 < keys.end {
+    if i0 < at.end {
         if let Some(pf) = pf {
             pf.step();
         }
-        for k in k0..keys.end {
-            step(k, &mut a);
+        for i in i0..at.end {
+            step(i, &mut a);
         }
     }
     for (n, a) in a.iter().enumerate() {
@@ -2065,7 +2014,8 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
             let hd = q[0].len();
             assert!(kt.len() == hd * KEYS && q.iter().all(|q| q.len() == hd));
             const { assert!(KEYS.is_multiple_of(KS)) };
-            // SAFETY: `kt` and `q` have the lengths asserted above; `S` is the caller's level.
+            // SAFETY: `kt` and `q` have the lengths asserted above, `s` is zeros; `S` is the
+            // caller's level.
             let done = unsafe { S::score_block::<N, E>(kt, &q, &mut s, &mut pf) };
             // For each key lane, one FMA chain over the head dimension in order; the groups of
             // `KS` lanes with no live key are skipped (their scores are never read).
