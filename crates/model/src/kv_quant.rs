@@ -254,10 +254,12 @@ pub(crate) fn scores(
     }
     #[cfg(target_arch = "x86_64")]
     if level == Level::Avx2 && n <= QUERY_LANES && hd <= MAX_HEAD_DIM {
-        // A key costs the queries-in-lanes kernel the same for 1 query as for 8; Q4_0 keys in
-        // `hearth_quant`'s kernel cost per query, less than Q8_0's: one layer of the Qwen3-0.6B
-        // shape (2 queries per KV head) at depth 4096, fastest of 60, 1823-1843 us there against
-        // 1980-2094 here; SmolLM2's 3 about the same; the MoE's 8 ~10% faster here.
+        // A key costs the queries-in-lanes kernel the same for 1 query as for 4 (two keys a
+        // register, `scores_pairs`) and for 5 as for 8; Q4_0 keys in `hearth_quant`'s kernel
+        // cost per query, less than Q8_0's: one layer of the Qwen3-0.6B shape (2 queries per KV
+        // head) at depth 4096, fastest of 60, 1823-1843 us there against 1980-2094 here (one key
+        // a register), and with two keys a register 1526-1551 against 1529-1542 (6 alternating
+        // runs); SmolLM2's 3 about the same before pairs; the MoE's 8 ~10% faster here.
         let lanes = match keys.ty {
             KvQuant::Q8_0 => true,
             KvQuant::Q4_0 => n >= 3,
@@ -308,6 +310,19 @@ pub(crate) fn scores(
 #[cfg(target_arch = "x86_64")]
 const QUERY_LANES: usize = 8;
 
+/// One block of the queries in the lanes of [`scores_lanes_avx2`]: `qs[j]` holds in lane `l` bytes
+/// `4j..4j + 4` of query `l`'s block (zero past the queries), `qa[j]` their absolute values (for
+/// Q8_0 keys), `dq` the queries' scales, `q8` 8 times the sums of their quants (the offset of
+/// Q4_0 keys). For [`scores_pairs`] lanes 4..8 repeat lanes 0..4.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct LaneBlock {
+    qs: [std::arch::x86_64::__m256i; 8],
+    qa: [std::arch::x86_64::__m256i; 8],
+    dq: std::arch::x86_64::__m256,
+    q8: std::arch::x86_64::__m256i,
+}
+
 /// [`scores`] of up to 8 queries on AVX2: a decoding row's query heads of one KV head. The
 /// queries sit in the lanes (set up once per call: per block and 4-byte group, the 8 queries'
 /// bytes, their absolute values, their sums, their scales) and each key's 4-byte groups are
@@ -339,16 +354,14 @@ unsafe fn scores_lanes_avx2(
     use std::arch::x86_64::*;
     const MAX_BLOCKS: usize = MAX_HEAD_DIM / QK;
     let (nb, qb) = (hd / QK, q8_row_bytes(hd));
-    // Block `b`, group `j`: lane `l` holds bytes 4j..4j + 4 of query `l`'s block `b` (zero past
-    // `n`), as they are (`qs`) and, for Q8_0 keys, as absolute values (`qa`); `dq[b]`: the
-    // queries' scales; `q8[b]`: for Q4_0 keys, 8 times the sums of the queries' quants (the
-    // offset).
-    let mut qs = [[_mm256_setzero_si256(); 8]; MAX_BLOCKS];
-    let mut qa = [[_mm256_setzero_si256(); 8]; MAX_BLOCKS];
-    let mut dq = [_mm256_setzero_ps(); MAX_BLOCKS];
-    let mut q8 = [_mm256_setzero_si256(); MAX_BLOCKS];
-    let (ones8, ones16) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1));
-    for b in 0..nb {
+    // The queries' blocks in lanes, one `LaneBlock` each.
+    let pairs = n <= PAIR_QUERIES;
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    // Only the query's `nb` blocks are written (and read): zeroing all `MAX_BLOCKS` was 4-5% of
+    // the attention of a quantized cache.
+    let mut buf = [std::mem::MaybeUninit::<LaneBlock>::uninit(); MAX_BLOCKS];
+    for (b, slot) in buf.iter_mut().enumerate().take(nb) {
         let mut d = [0u16; QUERY_LANES];
         let rows: [__m256; 8] = std::array::from_fn(|l| {
             if l < n {
@@ -362,21 +375,36 @@ unsafe fn scores_lanes_avx2(
             }
         });
         // SAFETY: the caller's CPU has AVX2 and F16C.
-        dq[b] = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().cast())) };
+        let mut dq = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().cast())) };
         // SAFETY: as above.
         let groups = unsafe { transpose8(rows) };
+        let mut qs: [__m256i; 8] = std::array::from_fn(|j| _mm256_castps_si256(groups[j]));
         let mut sum = _mm256_setzero_si256();
-        for j in 0..8 {
-            qs[b][j] = _mm256_castps_si256(groups[j]);
-            match keys.ty {
-                KvQuant::Q8_0 => qa[b][j] = _mm256_abs_epi8(qs[b][j]),
-                KvQuant::Q4_0 => {
-                    let pairs = _mm256_maddubs_epi16(ones8, qs[b][j]);
-                    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones16));
-                }
-            }
+        for q in &qs {
+            let p = _mm256_maddubs_epi16(ones8, *q);
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones16));
         }
-        q8[b] = _mm256_slli_epi32::<3>(sum);
+        let mut q8 = _mm256_slli_epi32::<3>(sum);
+        if pairs {
+            // Lanes 4..8 repeat lanes 0..4: the upper half of a register serves a second key.
+            for q in &mut qs {
+                *q = _mm256_permute2x128_si256::<0x00>(*q, *q);
+            }
+            dq = _mm256_permute2f128_ps::<0x00>(dq, dq);
+            q8 = _mm256_permute2x128_si256::<0x00>(q8, q8);
+        }
+        slot.write(LaneBlock {
+            qs,
+            qa: qs.map(|q| _mm256_abs_epi8(q)),
+            dq,
+            q8,
+        });
+    }
+    // SAFETY: the first `nb` entries were written above.
+    let lanes: &[LaneBlock] = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast(), nb) };
+    if pairs {
+        // SAFETY: the caller's contract; the queries' lanes are set up for pairs of keys.
+        return unsafe { scores_pairs(keys, lanes, n, out, ahead) };
     }
     // Eight keys at a time, turned into eight queries' runs of 8 scores.
     const { assert!(KEYS.is_multiple_of(8)) };
@@ -398,15 +426,15 @@ unsafe fn scores_lanes_avx2(
             if i + 1 < 8 && k0 + i + 1 < keys.count {
                 let rows = [at(k0 + i), at(k0 + i + 1)];
                 [r[i], r[i + 1]] = match keys.ty {
-                    KvQuant::Q8_0 => unsafe { q8_0_keys::<2>(rows, nb, &qs, &qa, &dq) },
-                    KvQuant::Q4_0 => unsafe { q4_0_keys::<2>(rows, nb, &qs, &q8, &dq) },
+                    KvQuant::Q8_0 => unsafe { q8_0_keys::<2>(rows, lanes) },
+                    KvQuant::Q4_0 => unsafe { q4_0_keys::<2>(rows, lanes) },
                 };
                 i += 2;
             } else {
                 let rows = [at(k0 + i)];
                 [r[i]] = match keys.ty {
-                    KvQuant::Q8_0 => unsafe { q8_0_keys::<1>(rows, nb, &qs, &qa, &dq) },
-                    KvQuant::Q4_0 => unsafe { q4_0_keys::<1>(rows, nb, &qs, &q8, &dq) },
+                    KvQuant::Q8_0 => unsafe { q8_0_keys::<1>(rows, lanes) },
+                    KvQuant::Q4_0 => unsafe { q4_0_keys::<1>(rows, lanes) },
                 };
                 i += 1;
             }
@@ -420,6 +448,218 @@ unsafe fn scores_lanes_avx2(
             unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *t) };
         }
         k0 += 8;
+    }
+}
+
+/// Most queries [`scores_pairs`] takes: four lanes a key, two keys a register.
+#[cfg(target_arch = "x86_64")]
+const PAIR_QUERIES: usize = 4;
+
+/// [`scores_lanes_avx2`] for up to 4 queries (most GQA groups of dense models: 2 to 4 query heads
+/// per KV head): a register's lower half holds the queries' lanes for key `k`, its upper half
+/// for key `k + 4`, so no lane is idle past the queries and a pair of keys costs about what one
+/// key costs 8 lanes. Each key's 4-byte groups come from one load of its block per pair
+/// (`vperm2i128` and `vpshufd` put key `k`'s group in the lower lanes, key `k + 4`'s in the
+/// upper). The integer sums and the f32 chain of every (query, key) are those of
+/// [`scores_lanes_avx2`], lane for lane, so the same bits. Eight keys at a time give four
+/// registers `[k | k + 4]`, `k < 4`, whose 4 × 4 transpose per half is each query's run of 8
+/// scores in key order.
+///
+/// # Safety
+/// As [`scores_lanes_avx2`], with `n <= PAIR_QUERIES` and the queries' lanes 4..8 a copy of
+/// lanes 0..4.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_pairs(
+    keys: &KeyRows,
+    lanes: &[LaneBlock],
+    n: usize,
+    out: &mut [f32],
+    ahead: &[Ahead],
+) {
+    use std::arch::x86_64::*;
+    let at = |k: usize| {
+        // SAFETY: row `k < count` lies within `keys.data` (checked by the caller).
+        unsafe { keys.data.as_ptr().add(k * keys.stride) }
+    };
+    let mut k0 = 0;
+    while k0 < keys.count {
+        let mut r = [_mm256_setzero_ps(); 4];
+        for i in (0..4).step_by(2) {
+            if k0 + i >= keys.count {
+                break;
+            }
+            for h in ahead {
+                for k in [k0 + i, k0 + i + 4, k0 + i + 1, k0 + i + 5] {
+                    h.prefetch(k);
+                }
+            }
+            // A missing key reads the pair's first (or the block's first) again; its lanes are
+            // cleared below.
+            let row = |k: usize| at(if k < keys.count { k } else { k0 });
+            let rows = [
+                (row(k0 + i), row(k0 + i + 4)),
+                (row(k0 + i + 1), row(k0 + i + 5)),
+            ];
+            // SAFETY: the rows hold `nb` blocks of the type; the caller's CPU has AVX2, FMA and
+            // F16C; the queries' lanes are set up for pairs.
+            [r[i], r[i + 1]] = match keys.ty {
+                KvQuant::Q8_0 => unsafe { q8_0_pairs::<2>(rows, lanes) },
+                KvQuant::Q4_0 => unsafe { q4_0_pairs::<2>(rows, lanes) },
+            };
+        }
+        for (i, r) in r.iter_mut().enumerate() {
+            match (k0 + i < keys.count, k0 + i + 4 < keys.count) {
+                (false, _) => *r = _mm256_setzero_ps(),
+                (true, false) => *r = _mm256_permute2f128_ps::<0x80>(*r, *r),
+                (true, true) => {}
+            }
+        }
+        // Per half, the 4 × 4 transpose: query `l` gets keys `k0..k0 + 4` in its lower half and
+        // `k0 + 4..k0 + 8` in its upper one.
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t = [
+            _mm256_shuffle_ps::<0x44>(t0, t2),
+            _mm256_shuffle_ps::<0xEE>(t0, t2),
+            _mm256_shuffle_ps::<0x44>(t1, t3),
+            _mm256_shuffle_ps::<0xEE>(t1, t3),
+        ];
+        for (l, t) in t.iter().enumerate().take(n) {
+            // `k0 + 8 <= KEYS`, as in `scores_lanes_avx2`.
+            let o = &mut out[l * KEYS + k0..l * KEYS + k0 + 8];
+            // SAFETY: `o` holds 8 floats.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *t) };
+        }
+        k0 += 8;
+    }
+}
+
+/// The f16 scales of two keys' blocks as lanes `[a; 4] ++ [b; 4]` (F16C's widening, exact).
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; `a` and `b` point at blocks' 2-byte scales.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn pair_scales(a: *const u8, b: *const u8) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (a, b) = (
+            read_unaligned(a.cast::<u16>()),
+            read_unaligned(b.cast::<u16>()),
+        );
+        let h = _mm_cvtsi32_si128((a as u32 | (b as u32) << 16) as i32);
+        let h = _mm_unpacklo_epi16(h, h);
+        _mm256_cvtph_ps(_mm_unpacklo_epi32(h, h))
+    }
+}
+
+/// [`q8_0_keys`] for `R` pairs of keys `(k, k + 4)` in the lanes of [`scores_pairs`]: the same
+/// operations per lane, the group of the lane's key broadcast over its half.
+///
+/// # Safety
+/// As [`q8_0_keys`]; the queries' lanes are set up for pairs.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn q8_0_pairs<const R: usize>(
+    rows: [(*const u8, *const u8); R],
+    lanes: &[LaneBlock],
+) -> [std::arch::x86_64::__m256; R] {
+    use std::arch::x86_64::*;
+    // SAFETY (all below): the caller's contract.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (b, l) in lanes.iter().enumerate() {
+            let blk: [(*const u8, *const u8); R] =
+                std::array::from_fn(|r| (rows[r].0.add(b * Q8_BYTES), rows[r].1.add(b * Q8_BYTES)));
+            // Per pair: groups 0..4 of both keys, and groups 4..8.
+            let halves: [[__m256i; 2]; R] = std::array::from_fn(|r| {
+                let x = _mm256_loadu_si256(blk[r].0.add(2).cast());
+                let y = _mm256_loadu_si256(blk[r].1.add(2).cast());
+                [
+                    _mm256_permute2x128_si256::<0x20>(x, y),
+                    _mm256_permute2x128_si256::<0x31>(x, y),
+                ]
+            });
+            let mut is = [_mm256_setzero_si256(); R];
+            for j in 0..8 {
+                let (s, a) = (l.qs[j], l.qa[j]);
+                for r in 0..R {
+                    let h = halves[r][j / 4];
+                    let kb = match j % 4 {
+                        0 => _mm256_shuffle_epi32::<0x00>(h),
+                        1 => _mm256_shuffle_epi32::<0x55>(h),
+                        2 => _mm256_shuffle_epi32::<0xAA>(h),
+                        _ => _mm256_shuffle_epi32::<0xFF>(h),
+                    };
+                    let p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(kb, s));
+                    is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(p, ones));
+                }
+            }
+            for r in 0..R {
+                let dk = pair_scales(blk[r].0, blk[r].1);
+                acc[r] =
+                    _mm256_fmadd_ps(_mm256_mul_ps(dk, l.dq), _mm256_cvtepi32_ps(is[r]), acc[r]);
+            }
+        }
+        acc
+    }
+}
+
+/// [`q4_0_keys`] for `R` pairs of keys `(k, k + 4)` in the lanes of [`scores_pairs`]: the same
+/// operations per lane, the group of the lane's key broadcast over its half.
+///
+/// # Safety
+/// As [`q4_0_keys`]; the queries' lanes are set up for pairs.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn q4_0_pairs<const R: usize>(
+    rows: [(*const u8, *const u8); R],
+    lanes: &[LaneBlock],
+) -> [std::arch::x86_64::__m256; R] {
+    use std::arch::x86_64::*;
+    // SAFETY (all below): the caller's contract.
+    unsafe {
+        let (ones, nib) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0x0f));
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (b, l) in lanes.iter().enumerate() {
+            let blk: [(*const u8, *const u8); R] =
+                std::array::from_fn(|r| (rows[r].0.add(b * Q4_BYTES), rows[r].1.add(b * Q4_BYTES)));
+            // Per pair: both keys' 16 bytes of nibbles.
+            let x: [__m256i; R] = std::array::from_fn(|r| {
+                _mm256_loadu2_m128i(blk[r].1.add(2).cast(), blk[r].0.add(2).cast())
+            });
+            let mut p16 = [_mm256_setzero_si256(); R];
+            for g in 0..4 {
+                let (lo_q, hi_q) = (l.qs[g], l.qs[4 + g]);
+                for r in 0..R {
+                    let kb = match g {
+                        0 => _mm256_shuffle_epi32::<0x00>(x[r]),
+                        1 => _mm256_shuffle_epi32::<0x55>(x[r]),
+                        2 => _mm256_shuffle_epi32::<0xAA>(x[r]),
+                        _ => _mm256_shuffle_epi32::<0xFF>(x[r]),
+                    };
+                    let lo = _mm256_and_si256(kb, nib);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(kb), nib);
+                    let s = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, lo_q),
+                        _mm256_maddubs_epi16(hi, hi_q),
+                    );
+                    p16[r] = _mm256_add_epi16(p16[r], s);
+                }
+            }
+            for r in 0..R {
+                let is = _mm256_sub_epi32(_mm256_madd_epi16(p16[r], ones), l.q8);
+                let dk = pair_scales(blk[r].0, blk[r].1);
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dk, l.dq), _mm256_cvtepi32_ps(is), acc[r]);
+            }
+        }
+        acc
     }
 }
 
@@ -486,21 +726,18 @@ const Q4_BYTES: usize = std::mem::size_of::<BlockQ4_0>();
 #[inline(always)]
 unsafe fn q4_0_keys<const R: usize>(
     rows: [*const u8; R],
-    nb: usize,
-    qs: &[[std::arch::x86_64::__m256i; 8]],
-    q8: &[std::arch::x86_64::__m256i],
-    dq: &[std::arch::x86_64::__m256],
+    lanes: &[LaneBlock],
 ) -> [std::arch::x86_64::__m256; R] {
     use std::arch::x86_64::*;
     // SAFETY (all below): the caller's contract.
     unsafe {
         let (ones, nib) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0x0f));
         let mut acc = [_mm256_setzero_ps(); R];
-        for b in 0..nb {
+        for (b, l) in lanes.iter().enumerate() {
             let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].add(b * Q4_BYTES));
             let mut p16 = [_mm256_setzero_si256(); R];
             for g in 0..4 {
-                let (lo_q, hi_q) = (qs[b][g], qs[b][4 + g]);
+                let (lo_q, hi_q) = (l.qs[g], l.qs[4 + g]);
                 for r in 0..R {
                     let kb = _mm256_set1_epi32(read_unaligned(blk[r].add(2 + 4 * g).cast::<i32>()));
                     let lo = _mm256_and_si256(kb, nib);
@@ -513,8 +750,8 @@ unsafe fn q4_0_keys<const R: usize>(
                 }
             }
             for r in 0..R {
-                let is = _mm256_sub_epi32(_mm256_madd_epi16(p16[r], ones), q8[b]);
-                acc[r] = chain_step(blk[r], is, dq[b], acc[r]);
+                let is = _mm256_sub_epi32(_mm256_madd_epi16(p16[r], ones), l.q8);
+                acc[r] = chain_step(blk[r], is, l.dq, acc[r]);
             }
         }
         acc
@@ -531,21 +768,18 @@ unsafe fn q4_0_keys<const R: usize>(
 #[inline(always)]
 unsafe fn q8_0_keys<const R: usize>(
     rows: [*const u8; R],
-    nb: usize,
-    qs: &[[std::arch::x86_64::__m256i; 8]],
-    qa: &[[std::arch::x86_64::__m256i; 8]],
-    dq: &[std::arch::x86_64::__m256],
+    lanes: &[LaneBlock],
 ) -> [std::arch::x86_64::__m256; R] {
     use std::arch::x86_64::*;
     // SAFETY (all below): the caller's contract.
     unsafe {
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); R];
-        for b in 0..nb {
+        for (b, l) in lanes.iter().enumerate() {
             let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].add(b * Q8_BYTES));
             let mut is = [_mm256_setzero_si256(); R];
             for j in 0..8 {
-                let (s, a) = (qs[b][j], qa[b][j]);
+                let (s, a) = (l.qs[j], l.qa[j]);
                 for r in 0..R {
                     let kb = _mm256_set1_epi32(read_unaligned(blk[r].add(2 + 4 * j).cast::<i32>()));
                     let p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(kb, s));
@@ -553,7 +787,7 @@ unsafe fn q8_0_keys<const R: usize>(
                 }
             }
             for r in 0..R {
-                acc[r] = chain_step(blk[r], is[r], dq[b], acc[r]);
+                acc[r] = chain_step(blk[r], is[r], l.dq, acc[r]);
             }
         }
         acc

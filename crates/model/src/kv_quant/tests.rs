@@ -233,7 +233,7 @@ fn scores_are_the_same_at_every_level_and_for_any_number_of_queries() {
                     }
                 }
                 for level in available_levels() {
-                    for m in [1, 2, 4, 5, 8, n] {
+                    for m in [1, 2, 3, 4, 5, 8, n] {
                         let mut got = vec![f32::NAN; m * KEYS];
                         // Prefetching the rows themselves ahead changes nothing.
                         let ahead = [Ahead {
