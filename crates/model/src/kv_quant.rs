@@ -572,7 +572,6 @@ unsafe fn q8_0_pairs<const R: usize>(
     use std::arch::x86_64::*;
     // SAFETY (all below): the caller's contract.
     unsafe {
-        let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); R];
         for (b, l) in lanes.iter().enumerate() {
             let blk: [(*const u8, *const u8); R] =
@@ -590,15 +589,8 @@ unsafe fn q8_0_pairs<const R: usize>(
             for j in 0..8 {
                 let (s, a) = (l.qs[j], l.qa[j]);
                 for r in 0..R {
-                    let h = halves[r][j / 4];
-                    let kb = match j % 4 {
-                        0 => _mm256_shuffle_epi32::<0x00>(h),
-                        1 => _mm256_shuffle_epi32::<0x55>(h),
-                        2 => _mm256_shuffle_epi32::<0xAA>(h),
-                        _ => _mm256_shuffle_epi32::<0xFF>(h),
-                    };
-                    let p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(kb, s));
-                    is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(p, ones));
+                    let kb = group_of_halves(halves[r][j / 4], j);
+                    is[r] = _mm256_add_epi32(is[r], q8_group(kb, s, a));
                 }
             }
             for r in 0..R {
@@ -625,7 +617,7 @@ unsafe fn q4_0_pairs<const R: usize>(
     use std::arch::x86_64::*;
     // SAFETY (all below): the caller's contract.
     unsafe {
-        let (ones, nib) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0x0f));
+        let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); R];
         for (b, l) in lanes.iter().enumerate() {
             let blk: [(*const u8, *const u8); R] =
@@ -638,19 +630,8 @@ unsafe fn q4_0_pairs<const R: usize>(
             for g in 0..4 {
                 let (lo_q, hi_q) = (l.qs[g], l.qs[4 + g]);
                 for r in 0..R {
-                    let kb = match g {
-                        0 => _mm256_shuffle_epi32::<0x00>(x[r]),
-                        1 => _mm256_shuffle_epi32::<0x55>(x[r]),
-                        2 => _mm256_shuffle_epi32::<0xAA>(x[r]),
-                        _ => _mm256_shuffle_epi32::<0xFF>(x[r]),
-                    };
-                    let lo = _mm256_and_si256(kb, nib);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(kb), nib);
-                    let s = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(lo, lo_q),
-                        _mm256_maddubs_epi16(hi, hi_q),
-                    );
-                    p16[r] = _mm256_add_epi16(p16[r], s);
+                    let kb = group_of_halves(x[r], g);
+                    p16[r] = _mm256_add_epi16(p16[r], q4_group(kb, lo_q, hi_q));
                 }
             }
             for r in 0..R {
@@ -661,6 +642,62 @@ unsafe fn q4_0_pairs<const R: usize>(
         }
         acc
     }
+}
+
+/// The 4-byte group `g % 4` of each 128-bit half of `x`, broadcast over its half.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn group_of_halves(x: std::arch::x86_64::__m256i, g: usize) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    match g % 4 {
+        0 => _mm256_shuffle_epi32::<0x00>(x),
+        1 => _mm256_shuffle_epi32::<0x55>(x),
+        2 => _mm256_shuffle_epi32::<0xAA>(x),
+        _ => _mm256_shuffle_epi32::<0xFF>(x),
+    }
+}
+
+/// A Q8_0 key's 4-byte group `kb` (in every lane) against the queries' group `s` (and its
+/// absolute values `a`): per lane the i32 sum of the four products, `|q| * sign(k, q)` pairwise.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn q8_group(
+    kb: std::arch::x86_64::__m256i,
+    s: std::arch::x86_64::__m256i,
+    a: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(kb, s));
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// A Q4_0 key's 4-byte group `kb` (in every lane; elements `4g..` in the low nibbles, `16 + 4g..`
+/// in the high ones) against the queries' groups `g` and `4 + g`: per lane the i16 pair sums of
+/// the eight products (at most 15 × 127 each, no overflow within a block).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn q4_group(
+    kb: std::arch::x86_64::__m256i,
+    lo_q: std::arch::x86_64::__m256i,
+    hi_q: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let nib = _mm256_set1_epi8(0x0f);
+    let lo = _mm256_and_si256(kb, nib);
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(kb), nib);
+    _mm256_add_epi16(
+        _mm256_maddubs_epi16(lo, lo_q),
+        _mm256_maddubs_epi16(hi, hi_q),
+    )
 }
 
 /// Rows to bring into L2 while a kernel works on others: `bytes` bytes of each row of `rows`.
@@ -731,7 +768,7 @@ unsafe fn q4_0_keys<const R: usize>(
     use std::arch::x86_64::*;
     // SAFETY (all below): the caller's contract.
     unsafe {
-        let (ones, nib) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0x0f));
+        let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); R];
         for (b, l) in lanes.iter().enumerate() {
             let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].add(b * Q4_BYTES));
@@ -740,13 +777,7 @@ unsafe fn q4_0_keys<const R: usize>(
                 let (lo_q, hi_q) = (l.qs[g], l.qs[4 + g]);
                 for r in 0..R {
                     let kb = _mm256_set1_epi32(read_unaligned(blk[r].add(2 + 4 * g).cast::<i32>()));
-                    let lo = _mm256_and_si256(kb, nib);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(kb), nib);
-                    let s = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(lo, lo_q),
-                        _mm256_maddubs_epi16(hi, hi_q),
-                    );
-                    p16[r] = _mm256_add_epi16(p16[r], s);
+                    p16[r] = _mm256_add_epi16(p16[r], q4_group(kb, lo_q, hi_q));
                 }
             }
             for r in 0..R {
@@ -773,7 +804,6 @@ unsafe fn q8_0_keys<const R: usize>(
     use std::arch::x86_64::*;
     // SAFETY (all below): the caller's contract.
     unsafe {
-        let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); R];
         for (b, l) in lanes.iter().enumerate() {
             let blk: [*const u8; R] = std::array::from_fn(|r| rows[r].add(b * Q8_BYTES));
@@ -782,8 +812,7 @@ unsafe fn q8_0_keys<const R: usize>(
                 let (s, a) = (l.qs[j], l.qa[j]);
                 for r in 0..R {
                     let kb = _mm256_set1_epi32(read_unaligned(blk[r].add(2 + 4 * j).cast::<i32>()));
-                    let p = _mm256_maddubs_epi16(a, _mm256_sign_epi8(kb, s));
-                    is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(p, ones));
+                    is[r] = _mm256_add_epi32(is[r], q8_group(kb, s, a));
                 }
             }
             for r in 0..R {
