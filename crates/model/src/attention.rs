@@ -1600,11 +1600,7 @@ impl Soft for Avx2Soft {
             unsafe {
                 let (kt, out) = (kt.as_ptr().add(at), out.add(at));
                 let w = |n: usize, d: usize| *q[n].get_unchecked(d);
-                match lanes {
-                    24 => chains_avx2::<N, 3, E>(kt, KEYS, 0..hd, w, out, KEYS, pf),
-                    16 => chains_avx2::<N, 2, E>(kt, KEYS, 0..hd, w, out, KEYS, pf),
-                    _ => chains_avx2::<N, 1, E>(kt, KEYS, 0..hd, w, out, KEYS, pf),
-                }
+                chunk_chains::<N, E>(lanes, kt, KEYS, 0..hd, w, out, KEYS, pf);
             }
         }
         true
@@ -1637,11 +1633,7 @@ impl Soft for Avx2Soft {
             // contract); `acc` is `N` rows of 24 floats.
             unsafe {
                 let vx = vx.as_ptr().add(e0);
-                match lanes {
-                    24 => chains_avx2::<N, 3, E>(vx, vs, keys.clone(), w, a, 24, pf),
-                    16 => chains_avx2::<N, 2, E>(vx, vs, keys.clone(), w, a, 24, pf),
-                    _ => chains_avx2::<N, 1, E>(vx, vs, keys.clone(), w, a, 24, pf),
-                }
+                chunk_chains::<N, E>(lanes, vx, vs, keys.clone(), w, a, 24, pf);
             }
             for n in 0..N {
                 state[n][e0..e0 + lanes].copy_from_slice(&acc[n][..lanes]);
@@ -1702,6 +1694,33 @@ fn chunks_of_three(w: usize) -> impl Iterator<Item = (usize, usize)> {
         at += lanes;
         Some(chunk)
     })
+}
+
+/// [`chains_avx2`] over one chunk of [`chunks_of_three`]: 24, 16 or 8 lanes.
+///
+/// # Safety
+/// As [`chains_avx2`] for `lanes` lanes.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn chunk_chains<const N: usize, E: Elem>(
+    lanes: usize,
+    x: *const E,
+    xs: usize,
+    at: Range<usize>,
+    w: impl Fn(usize, usize) -> f32,
+    acc: *mut f32,
+    stride: usize,
+    pf: &mut Option<Prefetch>,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match lanes {
+            24 => chains_avx2::<N, 3, E>(x, xs, at, w, acc, stride, pf),
+            16 => chains_avx2::<N, 2, E>(x, xs, at, w, acc, stride, pf),
+            _ => chains_avx2::<N, 1, E>(x, xs, at, w, acc, stride, pf),
+        }
+    }
 }
 
 /// The AVX2 chains of [`Soft::value_chains`] and [`Soft::score_block`] for `8 * R` lanes, `acc`
@@ -2019,39 +2038,42 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
             let done = unsafe { S::score_block::<N, E>(kt, &q, &mut s, &mut pf) };
             // For each key lane, one FMA chain over the head dimension in order; the groups of
             // `KS` lanes with no live key are skipped (their scores are never read).
-            for kb in (ks / KS * KS..if done { 0 } else { kc }).step_by(KS) {
-                // A local array the compiler keeps in registers through the chain.
-                let mut acc = [[0f32; KS]; N];
-                // The prefetch step and the bounds once per `EVERY` positions, not per position:
-                // with 8 accumulators (AVX2) the per-position bookkeeping held the FMAs back.
-                // Whole steps of a constant `EVERY` positions, then the rest: an inner loop of
-                // variable length (`min(hd)`) kept the accumulators in two sets of registers,
-                // copied from one to the other at every position (7 moves per 8 FMAs on AVX2;
-                // Zen 1 issues such a loop ~30% slower).
-                let mut d0 = 0;
-                while d0 + Prefetch::EVERY <= hd {
-                    if let Some(pf) = &mut pf {
-                        pf.step();
+            if !done {
+                for kb in (ks / KS * KS..kc).step_by(KS) {
+                    // A local array the compiler keeps in registers through the chain.
+                    let mut acc = [[0f32; KS]; N];
+                    // The prefetch step and the bounds once per `EVERY` positions, not per
+                    // position: with 8 accumulators (AVX2) the per-position bookkeeping held the
+                    // FMAs back. Whole steps of a constant `EVERY` positions, then the rest: an
+                    // inner loop of variable length (`min(hd)`) kept the accumulators in two sets
+                    // of registers, copied from one to the other at every position (7 moves per 8
+                    // FMAs on AVX2; Zen 1 issues such a loop ~30% slower).
+                    let mut d0 = 0;
+                    while d0 + Prefetch::EVERY <= hd {
+                        if let Some(pf) = &mut pf {
+                            pf.step();
+                        }
+                        for d in d0..d0 + Prefetch::EVERY {
+                            // SAFETY: `d < hd`; `kb + KS <= KEYS` (`kb` is a multiple of
+                            // `KS`, which divides `KEYS`, below `kc <= KEYS`); `kt` and `q`
+                            // have the lengths asserted above; `S` is the caller's kernel
+                            // level, which the CPU has.
+                            unsafe { chain_step::<N, E, S, KS>(kt, &q, kb, d, &mut acc) };
+                        }
+                        d0 += Prefetch::EVERY;
                     }
-                    for d in d0..d0 + Prefetch::EVERY {
-                        // SAFETY: `d < hd`; `kb + KS <= KEYS` (`kb` is a multiple of `KS`, which
-                        // divides `KEYS`, below `kc <= KEYS`); `kt` and `q` have the lengths
-                        // asserted above; `S` is the caller's kernel level, which the CPU has.
-                        unsafe { chain_step::<N, E, S, KS>(kt, &q, kb, d, &mut acc) };
+                    if d0 < hd {
+                        if let Some(pf) = &mut pf {
+                            pf.step();
+                        }
+                        for d in d0..hd {
+                            // SAFETY: as above.
+                            unsafe { chain_step::<N, E, S, KS>(kt, &q, kb, d, &mut acc) };
+                        }
                     }
-                    d0 += Prefetch::EVERY;
-                }
-                if d0 < hd {
-                    if let Some(pf) = &mut pf {
-                        pf.step();
+                    for n in 0..N {
+                        s[n][kb..kb + KS].copy_from_slice(&acc[n]);
                     }
-                    for d in d0..hd {
-                        // SAFETY: as above.
-                        unsafe { chain_step::<N, E, S, KS>(kt, &q, kb, d, &mut acc) };
-                    }
-                }
-                for n in 0..N {
-                    s[n][kb..kb + KS].copy_from_slice(&acc[n]);
                 }
             }
         }

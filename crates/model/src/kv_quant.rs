@@ -595,8 +595,7 @@ unsafe fn q8_0_pairs<const R: usize>(
             }
             for r in 0..R {
                 let dk = pair_scales(blk[r].0, blk[r].1);
-                acc[r] =
-                    _mm256_fmadd_ps(_mm256_mul_ps(dk, l.dq), _mm256_cvtepi32_ps(is[r]), acc[r]);
+                acc[r] = chain_step(dk, is[r], l.dq, acc[r]);
             }
         }
         acc
@@ -637,7 +636,7 @@ unsafe fn q4_0_pairs<const R: usize>(
             for r in 0..R {
                 let is = _mm256_sub_epi32(_mm256_madd_epi16(p16[r], ones), l.q8);
                 let dk = pair_scales(blk[r].0, blk[r].1);
-                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dk, l.dq), _mm256_cvtepi32_ps(is), acc[r]);
+                acc[r] = chain_step(dk, is, l.dq, acc[r]);
             }
         }
         acc
@@ -726,25 +725,37 @@ impl Ahead<'_> {
 #[cfg(target_arch = "x86_64")]
 const Q8_BYTES: usize = std::mem::size_of::<BlockQ8_0>();
 
-/// One block's step of the 8 lanes' f32 chains: `acc = fma(dk * dq, isum, acc)`, `dk` the f16
-/// scale at the start of the key's block `blk` (F16C's widening, exact as `f16::to_f32`).
+/// One block's step of the 8 lanes' f32 chains: `acc = fma(dk * dq, isum, acc)`, `dk` the lanes'
+/// key scales ([`key_scale`], [`pair_scales`]), `dq` the queries'. Every kernel of quantized keys
+/// runs this step, so their chains are the same bits.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; `blk` points at a block's 2-byte scale.
+/// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn chain_step(
-    blk: *const u8,
+    dk: std::arch::x86_64::__m256,
     isum: std::arch::x86_64::__m256i,
     dq: std::arch::x86_64::__m256,
     acc: std::arch::x86_64::__m256,
 ) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
+    _mm256_fmadd_ps(_mm256_mul_ps(dk, dq), _mm256_cvtepi32_ps(isum), acc)
+}
+
+/// The f16 scale at the start of a key's block `blk` in every lane (F16C's widening, exact as
+/// `f16::to_f32`).
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; `blk` points at a block's 2-byte scale.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn key_scale(blk: *const u8) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
     // SAFETY: the caller's contract.
     unsafe {
         let dk = read_unaligned(blk.cast::<u16>());
-        let dk = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dk as i32)));
-        _mm256_fmadd_ps(_mm256_mul_ps(dk, dq), _mm256_cvtepi32_ps(isum), acc)
+        _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dk as i32)))
     }
 }
 
@@ -782,7 +793,7 @@ unsafe fn q4_0_keys<const R: usize>(
             }
             for r in 0..R {
                 let is = _mm256_sub_epi32(_mm256_madd_epi16(p16[r], ones), l.q8);
-                acc[r] = chain_step(blk[r], is, l.dq, acc[r]);
+                acc[r] = chain_step(key_scale(blk[r]), is, l.dq, acc[r]);
             }
         }
         acc
@@ -816,7 +827,7 @@ unsafe fn q8_0_keys<const R: usize>(
                 }
             }
             for r in 0..R {
-                acc[r] = chain_step(blk[r], is[r], l.dq, acc[r]);
+                acc[r] = chain_step(key_scale(blk[r]), is[r], l.dq, acc[r]);
             }
         }
         acc
