@@ -8,11 +8,11 @@ mod common;
 
 use common::{extreme_acts, f16_fields, random_row, Rng};
 use hearth_quant::interleave::{
-    can_interleave, deinterleave, group_rows, interleave, interleaved_row, GROUP_ROWS,
-    LEGACY_GROUP_ROWS,
+    can_interleave, deinterleave, group_rows, interleave, interleaved_row, ungroup_rows,
+    GROUP_ROWS, LEGACY_GROUP_ROWS,
 };
 use hearth_quant::simd::{
-    available_isas, interleaved_kernels, quantize_row_at, vec_dot_matrix_at,
+    available_isas, interleaved_kernels, quantize_row_at, reads_groups, vec_dot_matrix_at,
     vec_dot_matrix_interleaved_at, Isa, Level, Rows,
 };
 use hearth_quant::{vec_dot_type, GgmlType, ALL_TYPES};
@@ -75,6 +75,22 @@ fn both_layouts(
     vec_dot_matrix_at(isa, ty, n, Rows::packed(w, wrow), ar, &mut want, rows);
     vec_dot_matrix_interleaved_at(isa, ty, n, Rows::packed(wi, wrow), ar, &mut got, rows);
     (got, want)
+}
+
+/// Whole groups put back by [`ungroup_rows`] are the file's rows, byte for byte.
+#[test]
+fn ungrouped_rows_are_the_files() {
+    let mut rng = Rng(5);
+    for ty in TYPES {
+        for (rows, n) in shapes(ty) {
+            let w = rows_of(&mut rng, ty, rows, n);
+            let mut x = w.clone();
+            assert!(interleave(ty, n, &mut x));
+            let mut back = vec![0u8; w.len()];
+            ungroup_rows(ty, n, &x, &mut back);
+            assert_eq!(back, w, "{ty} {rows} x {n}");
+        }
+    }
 }
 
 #[test]
@@ -194,6 +210,7 @@ fn extreme_quants(ty: GgmlType) {
                 a.extend(q);
             }
             // -1.0 quantizes to -127; make the second row's first block -128.
+            let signed = matches!(ty, GgmlType::Q8_0 | GgmlType::IQ4_NL);
             if aty == GgmlType::Q8_K {
                 // Q8_K's range, with its sums of 16 to match (d: 4 bytes, 256 quants, 16 i16
                 // sums).
@@ -202,8 +219,12 @@ fn extreme_quants(ty: GgmlType) {
                 for j in 0..16 {
                     b[260 + 2 * j..262 + 2 * j].copy_from_slice(&(-2048i16).to_le_bytes());
                 }
-            } else {
+            } else if !(signed && isa == Isa::Avx512) {
                 // Q8_0 / Q8_1: the quants after `d` (and `s`, which both layouts use alike).
+                // Not for signed weights (Q8_0, IQ4_NL) at AVX-512: their groups of few tokens go
+                // through the 256-bit kernels, whose `vpsignb` cannot negate -128, the file's rows
+                // through the 512-bit ones, exact there; the quantizer never makes -128 (its range
+                // is ±127).
                 let qs = aty.type_size() - 32;
                 a[arow + qs..arow + qs + 32].fill(0x80);
             }
@@ -226,10 +247,21 @@ fn extreme_quants(ty: GgmlType) {
 fn kernels_exist_where_a_loader_interleaves() {
     for ty in TYPES {
         assert!(!interleaved_kernels(Isa::Scalar, ty));
-        assert_eq!(
-            interleaved_kernels(Isa::Avx2, ty),
-            cfg!(target_arch = "x86_64")
-        );
+        for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
+            assert_eq!(interleaved_kernels(isa, ty), cfg!(target_arch = "x86_64"));
+        }
+        // AVX-512 reads the groups for few tokens only; the rest put them back first.
+        let few = if group_rows(ty) == LEGACY_GROUP_ROWS {
+            4
+        } else {
+            1
+        };
+        for tokens in 1..=64 {
+            let x86 = cfg!(target_arch = "x86_64");
+            assert_eq!(reads_groups(Isa::Avx2, ty, tokens), x86);
+            assert_eq!(reads_groups(Isa::Avx512, ty, tokens), x86 && tokens <= few);
+            assert!(!reads_groups(Isa::Scalar, ty, tokens));
+        }
     }
     assert!(!interleaved_kernels(Isa::Avx2, GgmlType::Q5_K));
     assert_eq!(GROUP_ROWS, 4);

@@ -684,11 +684,43 @@ fn for_passes(acts: &Rows, alen: usize, mut f: impl FnMut(usize, &[&[u8]])) {
 /// Whether [`vec_dot_matrix_interleaved_at`] has kernels of `isa` for interleaved rows of `ty`
 /// ([`crate::interleave`]): what a loader rewrites its weights for. Elsewhere the product still
 /// works, through a copy of each group in the file's layout, but slowly.
+///
+/// AVX-512 machines interleave too: their one-token kernels read the groups on 256-bit
+/// registers ([`reads_groups`]), since the 512-bit kernels over the file's rows streamed worse
+/// (one thread, in L2 of an Intel Xeon with AVX-512 and AVX-VNNI, GB/s: Q4_1 20.0 against 46.1,
+/// Q8_0 22.9 against 65.1, Q4_K 21.5 against 34.3; SmolLM2 Q4_1 tg128 168-204 against 241-280 t/s
+/// with both threads).
 pub fn interleaved_kernels(isa: impl Into<Isa>, ty: GgmlType) -> bool {
     let isa = isa.into();
     crate::interleave::has_interleaved(ty)
         && cfg!(target_arch = "x86_64")
-        && matches!(isa, Isa::Avx2 | Isa::AvxVnni)
+        && matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
+}
+
+/// Whether [`vec_dot_matrix_interleaved_at`] reads interleaved rows of `ty` as they are for
+/// `tokens` activation rows at `isa`; otherwise it puts each group back in the file's layout
+/// first, and a caller that makes several products over the same rows (blocks of tokens) does
+/// better to put them back once ([`crate::interleave::ungroup_rows`]) and call
+/// [`vec_dot_matrix_at`] over them. Either way the products are the same bits.
+///
+/// AVX2 and AVX-VNNI read the groups for any number of tokens. AVX-512 reads them on 256-bit
+/// registers while they beat its 512-bit kernels over the file's rows: up to 4 tokens of a legacy
+/// format, one token of Q4_K or Q6_K. One thread, G multiply-adds/s, 512-bit over the file's
+/// rows against 256-bit VNNI over the groups (Intel Xeon, in L2; 1536 × 576 legacy, 768 × 2048
+/// K-quants): Q4_1 2 / 4 / 8 tokens 45.9 / 73.4 / 100.6 against 83.9 / 77.6 / 91.9, Q8_0 31.2 /
+/// 53.7 / 80.3 against 68.0 / 64.5 / 71.9; Q4_K 2 tokens 65.3 against 53.3, Q6_K 37.8 against
+/// 39.1 (one token: Q4_K 21.5 against 34.3 GB/s, Q6_K 27.5 against 26.1; from memory 6.6 against
+/// 12.2 and 8.0 against 9.9).
+pub fn reads_groups(isa: impl Into<Isa>, ty: GgmlType, tokens: usize) -> bool {
+    let isa = isa.into();
+    if !interleaved_kernels(isa, ty) {
+        return false;
+    }
+    if isa != Isa::Avx512 {
+        return true;
+    }
+    let legacy = crate::interleave::group_rows(ty) == crate::interleave::LEGACY_GROUP_ROWS;
+    tokens <= if legacy { 4 } else { 1 }
 }
 
 /// [`vec_dot_matrix`] over rows rewritten by [`crate::interleave::interleave`]: the same elements,
@@ -743,7 +775,7 @@ pub fn vec_dot_matrix_interleaved_at(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if interleaved_kernels(isa, ty) {
+    if reads_groups(isa, ty, acts.count) {
         // Legacy formats: `ymm::legacy_groups` for any number of tokens. K-quants, one or two
         // tokens (decode): each unpacked register serves both, four rows share each scale
         // multiply. More: the 8-lane kernels, which unpack 8 rows once for up to 64
@@ -753,24 +785,25 @@ pub fn vec_dot_matrix_interleaved_at(
         // 51.9 / 53.0 against 36.5 / 48.5 / 56.7 / 90.9.
         use ymm::interleaved as il;
         use ymm::legacy_groups as lg;
+        // AVX-512 reads groups of few tokens only (`reads_groups`): the legacy formats with
+        // AVX-512 VNNI on 256-bit registers, the K-quants' one token with the AVX2 kernels (its
+        // many-token arms are AVX-VNNI's only where the CPU has it).
         let vnni = isa == Isa::AvxVnni;
-        let legacy: Option<(traits::MatrixFn, traits::MatrixFn)> = match ty {
-            GgmlType::Q4_0 => Some((lg::q4_0, lg::q4_0_vnni)),
-            GgmlType::Q4_1 => Some((lg::q4_1, lg::q4_1_vnni)),
-            GgmlType::Q5_0 => Some((lg::q5_0, lg::q5_0_vnni)),
-            GgmlType::Q5_1 => Some((lg::q5_1, lg::q5_1_vnni)),
-            GgmlType::Q8_0 => Some((lg::q8_0, lg::q8_0_vnni)),
-            GgmlType::IQ4_NL => Some((lg::iq4_nl, lg::iq4_nl_vnni)),
+        let legacy: Option<[traits::MatrixFn; 3]> = match ty {
+            GgmlType::Q4_0 => Some([lg::q4_0, lg::q4_0_vnni, lg::q4_0_avx512]),
+            GgmlType::Q4_1 => Some([lg::q4_1, lg::q4_1_vnni, lg::q4_1_avx512]),
+            GgmlType::Q5_0 => Some([lg::q5_0, lg::q5_0_vnni, lg::q5_0_avx512]),
+            GgmlType::Q5_1 => Some([lg::q5_1, lg::q5_1_vnni, lg::q5_1_avx512]),
+            GgmlType::Q8_0 => Some([lg::q8_0, lg::q8_0_vnni, lg::q8_0_avx512]),
+            GgmlType::IQ4_NL => Some([lg::iq4_nl, lg::iq4_nl_vnni, lg::iq4_nl_avx512]),
             _ => None,
         };
         let f: traits::MatrixFn = match legacy {
-            Some((avx2, with_vnni)) => {
-                if vnni {
-                    with_vnni
-                } else {
-                    avx2
-                }
-            }
+            Some([avx2, vex, evex]) => match isa {
+                Isa::Avx2 => avx2,
+                Isa::AvxVnni => vex,
+                _ => evex,
+            },
             None => match (ty, acts.count <= 2, vnni) {
                 (GgmlType::Q6_K, true, _) => il::q6_k,
                 (_, true, _) => il::q4_k,

@@ -209,9 +209,9 @@ unsafe fn wide<W: Legacy, D: Dp, const GA: usize>(
     }
 }
 
-super::entries!(run, Q4_0, q4_0, q4_0_vnni);
-super::entries!(run, Q4_1, q4_1, q4_1_vnni);
-super::entries!(run, Q5_0, q5_0, q5_0_vnni);
-super::entries!(run, Q5_1, q5_1, q5_1_vnni);
-super::entries!(run, Q8_0, q8_0, q8_0_vnni);
-super::entries!(run, Iq4Nl, iq4_nl, iq4_nl_vnni);
+super::entries!(run, Q4_0, q4_0, q4_0_vnni, q4_0_avx512);
+super::entries!(run, Q4_1, q4_1, q4_1_vnni, q4_1_avx512);
+super::entries!(run, Q5_0, q5_0, q5_0_vnni, q5_0_avx512);
+super::entries!(run, Q5_1, q5_1, q5_1_vnni, q5_1_avx512);
+super::entries!(run, Q8_0, q8_0, q8_0_vnni, q8_0_avx512);
+super::entries!(run, Iq4Nl, iq4_nl, iq4_nl_vnni, iq4_nl_avx512);
