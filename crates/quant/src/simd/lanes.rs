@@ -82,6 +82,16 @@ trait Fmt {
         tc.load(rows, end, c0 * Self::WB, cn * Self::WB);
         Self::pack(tc, cn, p);
     }
+    /// Block `c0` of the 16 rows of four interleaved groups (`crate::interleave`; group `g`
+    /// holds rows `4g..4g + 4` and starts at `groups[g]`) unpacked into `p`, the same registers
+    /// as [`Fmt::load_pack`] makes of the same rows in the file's layout. Only formats with
+    /// [`Fmt::GROUPED`].
+    #[inline(always)]
+    unsafe fn load_groups(_groups: &[*const u8; 4], _c0: usize, _p: &mut Self::P) {
+        unreachable!("a format without a grouped loader")
+    }
+    /// Whether [`Fmt::load_groups`] exists.
+    const GROUPED: bool = false;
     /// Whether the one-token path below exists: each block unpacked and used in registers, with
     /// no store of the unpacked chunk (decode reads every weight once, for one token).
     const ONE: bool = false;
@@ -671,8 +681,6 @@ struct K45P {
 /// `avx2::k4_scales_mins` in every lane.
 #[inline(always)]
 unsafe fn k45_scales(p: &mut K45P, dd: __m512i, u0: __m512i, u1: __m512i, u2: __m512i) {
-    p.d = half_f32::<false>(dd);
-    p.dmin = half_f32::<true>(dd);
     let m6 = _mm512_set1_epi32(0x3f3f_3f3f);
     let m4 = _mm512_set1_epi32(0x0f0f_0f0f);
     let m2 = _mm512_set1_epi32(0x0303_0303);
@@ -686,6 +694,15 @@ unsafe fn k45_scales(p: &mut K45P, dd: __m512i, u0: __m512i, u1: __m512i, u2: __
         _mm512_and_si512(_mm512_srli_epi32(u2, 4), m4),
         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), m2), 4),
     );
+    k45_spread(p, dd, [sc_lo, sc_hi, mn_lo, mn_hi]);
+}
+
+/// `d` and `dmin` (`dd`, as the block's first dword) and the 6-bit scales and minimums, four to a
+/// lane's dword (`[scales 0..4, scales 4..8, minimums 0..4, minimums 4..8]`), into `p`.
+#[inline(always)]
+unsafe fn k45_spread(p: &mut K45P, dd: __m512i, [sc_lo, sc_hi, mn_lo, mn_hi]: [__m512i; 4]) {
+    p.d = half_f32::<false>(dd);
+    p.dmin = half_f32::<true>(dd);
     let byte = _mm512_set1_epi32(0xff);
     for s in 0..4 {
         let sh = _mm_cvtsi32_si128(8 * s as i32);
@@ -704,6 +721,15 @@ unsafe fn k45_scales(p: &mut K45P, dd: __m512i, u0: __m512i, u1: __m512i, u2: __
         p.mn[2 * h] = _mm512_or_si512(_mm512_and_si512(e, low), _mm512_slli_epi32(o, 16));
         p.mn[2 * h + 1] = _mm512_or_si512(_mm512_srli_epi32(e, 16), _mm512_andnot_si512(low, o));
     }
+}
+
+/// Two groups' 32 bytes at `off` side by side.
+#[inline(always)]
+unsafe fn pair(a: *const u8, b: *const u8, off: usize) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_loadu_si256(a.add(off).cast())),
+        _mm256_loadu_si256(b.add(off).cast()),
+    )
 }
 
 /// Quant dword `i` (0..32) of a Q4_K block: its low nibbles are elements of sub-block `2(i / 8)`,
@@ -754,6 +780,81 @@ impl<const Q5: bool> Fmt for K45<Q5> {
         let r = load_t4(rows, end, off + 128, 16);
         for i in 0..4 {
             q4k_quants(p, 28 + i, r[i]);
+        }
+    }
+
+    const GROUPED: bool = !Q5;
+
+    /// Q4_K's group super-block (`crate::interleave`): `d` and `dmin` of the four rows, the 64
+    /// six-bit values split into nibbles and top bits, then per sub-block and half 8 quant bytes
+    /// per row. Row `r`'s two quant dwords of a half become lanes by one `vpermt2d` each over two
+    /// groups' halves; its scales and minimums are put together eight to a qword first.
+    #[inline(always)]
+    unsafe fn load_groups(groups: &[*const u8; 4], c0: usize, p: &mut K45P) {
+        use crate::interleave::Q4_K_GROUP_BLOCK;
+        let g: [*const u8; 4] = std::array::from_fn(|i| groups[i].add(c0 * Q4_K_GROUP_BLOCK));
+        let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+        // `d` and `dmin` (bytes 0..16 of each group: four f16 of each) into a dword per row.
+        let mut dd = _mm512_castsi128_si512(_mm_loadu_si128(g[0].cast()));
+        dd = _mm512_inserti32x4::<1>(dd, _mm_loadu_si128(g[1].cast()));
+        dd = _mm512_inserti32x4::<2>(dd, _mm_loadu_si128(g[2].cast()));
+        dd = _mm512_inserti32x4::<3>(dd, _mm_loadu_si128(g[3].cast()));
+        let pick = _mm512_broadcast_i32x4(_mm_setr_epi8(
+            0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+        ));
+        let dd = _mm512_shuffle_epi8(dd, pick);
+        // Scales and minimums: row `r`'s low nibbles at bytes 16 + 8r.. (scale j low, minimum j
+        // high), their top bits in bytes 48 + 8(r % 2) + j, at bits 2(r / 2) (scales) and
+        // 4 + 2(r / 2) (minimums). One qword per row: rows 0..8 of groups 0 and 1, then 8..16.
+        let nib = _mm512_set1_epi8(0x0f);
+        let two = _mm512_set1_epi8(0x03);
+        let mut sm = [_mm512_setzero_si512(); 4];
+        for (h, (a, b)) in [(g[0], g[1]), (g[2], g[3])].into_iter().enumerate() {
+            let lo = pair(a, b, 16);
+            // Bytes 48..64 of each group (qwords 0, 1 and 4, 5), qword (r % 2) for row r.
+            let top = _mm512_inserti32x4::<2>(
+                _mm512_castsi128_si512(_mm_loadu_si128(a.add(48).cast())),
+                _mm_loadu_si128(b.add(48).cast()),
+            );
+            let top = _mm512_permutexvar_epi64(_mm512_set_epi64(5, 4, 5, 4, 1, 0, 1, 0), top);
+            let sc_top = _mm512_srlv_epi64(top, _mm512_set_epi64(2, 2, 0, 0, 2, 2, 0, 0));
+            let mn_top = _mm512_srlv_epi64(top, _mm512_set_epi64(6, 6, 4, 4, 6, 6, 4, 4));
+            let sc = _mm512_or_si512(
+                _mm512_and_si512(lo, nib),
+                _mm512_slli_epi64(_mm512_and_si512(sc_top, two), 4),
+            );
+            let mn = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi64(lo, 4), nib),
+                _mm512_slli_epi64(_mm512_and_si512(mn_top, two), 4),
+            );
+            sm[h] = sc;
+            sm[2 + h] = mn;
+        }
+        k45_spread(
+            p,
+            dd,
+            [
+                _mm512_permutex2var_epi32(sm[0], even, sm[1]),
+                _mm512_permutex2var_epi32(sm[0], odd, sm[1]),
+                _mm512_permutex2var_epi32(sm[2], even, sm[3]),
+                _mm512_permutex2var_epi32(sm[2], odd, sm[3]),
+            ],
+        );
+        // Quants: sub-block j, half h at 64 + 64j + 32h, row r's 8 bytes at 8r: byte k holds
+        // element 32j + 16h + k (low nibble) and 32j + 16h + 8 + k (high).
+        for j in 0..8 {
+            for h in 0..2 {
+                let off = 64 + 64 * j + 32 * h;
+                let (x, y) = (pair(g[0], g[1], off), pair(g[2], g[3], off));
+                let a = _mm512_permutex2var_epi32(x, even, y);
+                let b = _mm512_permutex2var_epi32(x, odd, y);
+                let q = 8 * j + 4 * h;
+                p.q[q] = nib_lo(a);
+                p.q[q + 1] = nib_lo(b);
+                p.q[q + 2] = nib_hi(a);
+                p.q[q + 3] = nib_hi(b);
+            }
         }
     }
 
@@ -991,7 +1092,7 @@ unsafe fn group<F: Fmt, const T: usize>(
 /// `out[j * tok_stride + i * row_stride]`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn run<F: Fmt>(
+unsafe fn run<F: Fmt, const GROUPED: bool>(
     nb: usize,
     w: &Rows,
     acts: &[&[u8]],
@@ -1016,7 +1117,8 @@ unsafe fn run<F: Fmt>(
     // any bit pattern.
     let p = &mut *scratch.cast::<F::P>();
     let tc = &mut *scratch.add(P_ZMM).cast::<TChunk>();
-    let one = F::ONE && nt == 1 && nb <= ONE_MAX_BLOCKS;
+    const { assert!(!GROUPED || F::GROUPED) };
+    let one = F::ONE && !GROUPED && nt == 1 && nb <= ONE_MAX_BLOCKS;
     // The tokens' prepared blocks: for every chunk at once when they fit (prepared once per
     // call, not once per 16 rows), else one chunk's at a time. Only for one-block chunks (the
     // K-quants): a legacy chunk's preparation is 320 bytes per token and seldom fits.
@@ -1061,6 +1163,12 @@ unsafe fn run<F: Fmt>(
         for (l, r) in rows.iter_mut().enumerate() {
             *r = base.add(l.min(nr - 1) * w.stride);
         }
+        // Interleaved: the four groups' starts (`w.count` is whole groups; past a ragged end the
+        // last group repeats, like the last row above).
+        let groups: [*const u8; 4] = std::array::from_fn(|g| {
+            let last = nr.saturating_sub(GROUP);
+            base.add((GROUP * g).min(last) * w.stride)
+        });
         for j in 0..nt {
             acc[j] = _mm512_setzero_ps();
             accm[j] = _mm512_setzero_ps();
@@ -1091,7 +1199,11 @@ unsafe fn run<F: Fmt>(
                 c0 += cn;
                 continue;
             }
-            F::load_pack(tc, &rows, end, c0, cn, p);
+            if GROUPED {
+                F::load_groups(&groups, c0, p);
+            } else {
+                F::load_pack(tc, &rows, end, c0, cn, p);
+            }
             let qc = if hoist {
                 &q[c0 / F::CHUNK * nt..][..nt]
             } else {
@@ -1148,10 +1260,33 @@ macro_rules! entry {
             tok_stride: usize,
             row_stride: usize,
         ) {
-            with_scratch(|sc| run::<$F>(n / $bs, w, acts, out, tok_stride, row_stride, sc))
+            with_scratch(|sc| run::<$F, false>(n / $bs, w, acts, out, tok_stride, row_stride, sc))
         }
     };
 }
+
+/// Q4_K rows interleaved four at a time (`crate::interleave`), two tokens and more: the lanes
+/// kernel with each block of 16 rows loaded from its four groups ([`Fmt::load_groups`]), the same
+/// registers as from the file's rows, so the same bits.
+///
+/// # Safety
+/// As `crate::traits::MatrixFn` (whole groups of rows), with AVX-512 F/BW/VL/VNNI and
+/// AVX2/FMA/F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn q4_k_grouped(
+    n: usize,
+    w: &Rows,
+    acts: &[&[u8]],
+    out: &mut [f32],
+    tok_stride: usize,
+    row_stride: usize,
+) {
+    debug_assert!(w.count % GROUP == 0 && w.data.len() >= w.count * w.stride);
+    with_scratch(|sc| run::<K45<false>, true>(n / 256, w, acts, out, tok_stride, row_stride, sc))
+}
+
+/// Rows per interleaved Q4_K group.
+const GROUP: usize = crate::interleave::GROUP_ROWS;
 
 entry!(q4_0, L<Q4_0>, 32);
 entry!(q4_1, L<Q4_1>, 32);

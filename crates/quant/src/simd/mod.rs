@@ -703,7 +703,8 @@ pub fn interleaved_kernels(isa: impl Into<Isa>, ty: GgmlType) -> bool {
 /// better to put them back once ([`crate::interleave::ungroup_rows`]) and call
 /// [`vec_dot_matrix_at`] over them. Either way the products are the same bits.
 ///
-/// AVX2 and AVX-VNNI read the groups for any number of tokens. AVX-512 reads them on 256-bit
+/// AVX2 and AVX-VNNI read the groups for any number of tokens. AVX-512 reads Q4_K's with its
+/// 512-bit kernel for two tokens and more (`lanes::q4_k_grouped`), and the others' on 256-bit
 /// registers while they beat its 512-bit kernels over the file's rows: up to 4 tokens of a legacy
 /// format, one token of Q4_K or Q6_K. One thread, G multiply-adds/s, 512-bit over the file's
 /// rows against 256-bit VNNI over the groups (Intel Xeon, in L2; 1536 × 576 legacy, 768 × 2048
@@ -719,8 +720,12 @@ pub fn reads_groups(isa: impl Into<Isa>, ty: GgmlType, tokens: usize) -> bool {
     if isa != Isa::Avx512 {
         return true;
     }
-    let legacy = crate::interleave::group_rows(ty) == crate::interleave::LEGACY_GROUP_ROWS;
-    tokens <= if legacy { 4 } else { 1 }
+    match ty {
+        // The 512-bit kernel loads Q4_K's groups itself (`lanes::q4_k_grouped`).
+        GgmlType::Q4_K => true,
+        GgmlType::Q6_K => tokens <= 1,
+        _ => tokens <= 4,
+    }
 }
 
 /// [`vec_dot_matrix`] over rows rewritten by [`crate::interleave::interleave`]: the same elements,
@@ -785,9 +790,9 @@ pub fn vec_dot_matrix_interleaved_at(
         // 51.9 / 53.0 against 36.5 / 48.5 / 56.7 / 90.9.
         use ymm::interleaved as il;
         use ymm::legacy_groups as lg;
-        // AVX-512 reads groups of few tokens only (`reads_groups`): the legacy formats with
-        // AVX-512 VNNI on 256-bit registers, the K-quants' one token with the AVX2 kernels (its
-        // many-token arms are AVX-VNNI's only where the CPU has it).
+        // AVX-512 (`reads_groups`): Q4_K's many tokens through the 512-bit kernel, the legacy
+        // formats' few with AVX-512 VNNI on 256-bit registers, the K-quants' one token with the
+        // AVX2 kernels (the many-token arms below are AVX-VNNI's only where the CPU has it).
         let vnni = isa == Isa::AvxVnni;
         let legacy: Option<[traits::MatrixFn; 3]> = match ty {
             GgmlType::Q4_0 => Some([lg::q4_0, lg::q4_0_vnni, lg::q4_0_avx512]),
@@ -799,6 +804,9 @@ pub fn vec_dot_matrix_interleaved_at(
             _ => None,
         };
         let f: traits::MatrixFn = match legacy {
+            None if isa == Isa::Avx512 && ty == GgmlType::Q4_K && acts.count > 1 => {
+                lanes::q4_k_grouped
+            }
             Some([avx2, vex, evex]) => match isa {
                 Isa::Avx2 => avx2,
                 Isa::AvxVnni => vex,
