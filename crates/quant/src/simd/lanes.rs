@@ -23,6 +23,9 @@
 //! - Q6_K × Q8_K: 6-bit quants `q + 32` as unsigned bytes, per 16 elements times the signed scale,
 //!   minus `32 * sum(scale * bsum)`.
 //!
+//! Q4_K rows interleaved four at a time (`crate::interleave`) are loaded from their groups
+//! (`Fmt::load_groups`, `q4_k_grouped`) into the same unpacked registers as the file's rows.
+//!
 //! One token (decode) through a legacy format skips the store of the unpacked chunk: each block is
 //! unpacked and multiplied in registers, the signed formats with the weights biased to `q + 128`
 //! against the signed activation and `-128 * sum(y)` (prepared once per call) as the correction.
