@@ -109,12 +109,12 @@ impl Weight {
         out: &mut [f32],
         out_stride: usize,
     ) {
-        let rows = self.rows_of(mat, r0, r1);
-        if self.interleaved {
-            vec_dot_matrix_interleaved(self.ty, self.cols, rows, acts, out, out_stride);
-        } else {
-            vec_dot_matrix(self.ty, self.cols, rows, acts, out, out_stride);
-        }
+        let block = Block {
+            w: self,
+            rows: self.rows_of(mat, r0, r1),
+            interleaved: self.interleaved,
+        };
+        block.product(acts, out, out_stride);
     }
 
     /// Rows `r0..r1` of matrix `mat` set up for several products of `tokens` activation rows each

@@ -1250,10 +1250,14 @@ unsafe fn run<F: Fmt, const GROUPED: bool>(
 
 macro_rules! entry {
     ($name:ident, $F:ty, $bs:expr) => {
-        /// The lanes kernel of one weight type (see `crate::traits::MatrixFn`).
+        entry!($name, $F, $bs, false, "The lanes kernel of one weight type");
+    };
+    ($name:ident, $F:ty, $bs:expr, $grouped:expr, $what:literal) => {
+        #[doc = concat!($what, " (see `crate::traits::MatrixFn`).")]
         ///
         /// # Safety
-        /// As `crate::traits::MatrixFn`, with AVX-512 F/BW/VL/VNNI and AVX2/FMA/F16C.
+        /// As `crate::traits::MatrixFn` (grouped rows: whole groups), with AVX-512 F/BW/VL/VNNI
+        /// and AVX2/FMA/F16C.
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
         pub(crate) unsafe fn $name(
             n: usize,
@@ -1263,33 +1267,12 @@ macro_rules! entry {
             tok_stride: usize,
             row_stride: usize,
         ) {
-            with_scratch(|sc| run::<$F, false>(n / $bs, w, acts, out, tok_stride, row_stride, sc))
+            with_scratch(|sc| {
+                run::<$F, $grouped>(n / $bs, w, acts, out, tok_stride, row_stride, sc)
+            })
         }
     };
 }
-
-/// Q4_K rows interleaved four at a time (`crate::interleave`), two tokens and more: the lanes
-/// kernel with each block of 16 rows loaded from its four groups ([`Fmt::load_groups`]), the same
-/// registers as from the file's rows, so the same bits.
-///
-/// # Safety
-/// As `crate::traits::MatrixFn` (whole groups of rows), with AVX-512 F/BW/VL/VNNI and
-/// AVX2/FMA/F16C.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn q4_k_grouped(
-    n: usize,
-    w: &Rows,
-    acts: &[&[u8]],
-    out: &mut [f32],
-    tok_stride: usize,
-    row_stride: usize,
-) {
-    debug_assert!(w.count % GROUP == 0 && w.data.len() >= w.count * w.stride);
-    with_scratch(|sc| run::<K45<false>, true>(n / 256, w, acts, out, tok_stride, row_stride, sc))
-}
-
-/// Rows per interleaved Q4_K group.
-const GROUP: usize = crate::interleave::GROUP_ROWS;
 
 entry!(q4_0, L<Q4_0>, 32);
 entry!(q4_1, L<Q4_1>, 32);
@@ -1300,6 +1283,18 @@ entry!(iq4_nl, L<Iq4Nl>, 32);
 entry!(q4_k, K45<false>, 256);
 entry!(q5_k, K45<true>, 256);
 entry!(q6_k, Q6K, 256);
+entry!(
+    q4_k_grouped,
+    K45<false>,
+    256,
+    true,
+    "Q4_K rows interleaved four at a time (`crate::interleave`), two tokens and more: the lanes \
+     kernel with each block of 16 rows loaded from its four groups (`Fmt::load_groups`), the same \
+     registers as from the file's rows, so the same bits"
+);
+
+/// Rows per interleaved Q4_K group.
+const GROUP: usize = crate::interleave::GROUP_ROWS;
 
 /// Runs `f` on this thread's scratch.
 #[inline(always)]
