@@ -250,12 +250,11 @@ fn kernels_exist_where_a_loader_interleaves() {
         for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
             assert_eq!(interleaved_kernels(isa, ty), cfg!(target_arch = "x86_64"));
         }
-        // AVX-512 reads Q4_K's groups for any number of tokens, the others' for few only; the
-        // rest put them back first.
+        // AVX-512 reads the groups of Q4_K and the legacy formats for any number of tokens,
+        // Q6_K's for one only; more put them back first.
         let few = match ty {
-            GgmlType::Q4_K => usize::MAX,
             GgmlType::Q6_K => 1,
-            _ => 4,
+            _ => usize::MAX,
         };
         for tokens in 1..=64 {
             let x86 = cfg!(target_arch = "x86_64");

@@ -23,8 +23,11 @@
 //! - Q6_K × Q8_K: 6-bit quants `q + 32` as unsigned bytes, per 16 elements times the signed scale,
 //!   minus `32 * sum(scale * bsum)`.
 //!
-//! Q4_K rows interleaved four at a time (`crate::interleave`) are loaded from their groups
-//! (`Fmt::load_groups`, `q4_k_grouped`) into the same unpacked registers as the file's rows.
+//! Rows interleaved in groups (`crate::interleave`: Q4_K four at a time, the legacy formats
+//! eight) are loaded from their groups (`Fmt::load_groups`, `q4_k_grouped`, `q4_1_grouped` and
+//! the like) into the same unpacked registers as the file's rows. A legacy group block already
+//! holds each dword of its 8 rows side by side: two groups' 32-byte loads make a lane register,
+//! with no transpose.
 //!
 //! One token (decode) through a legacy format skips the store of the unpacked chunk: each block is
 //! unpacked and multiplied in registers, the signed formats with the weights biased to `q + 128`
@@ -85,16 +88,19 @@ trait Fmt {
         tc.load(rows, end, c0 * Self::WB, cn * Self::WB);
         Self::pack(tc, cn, p);
     }
-    /// Block `c0` of the 16 rows of four interleaved groups (`crate::interleave`; group `g`
-    /// holds rows `4g..4g + 4` and starts at `groups[g]`) unpacked into `p`, the same registers
-    /// as [`Fmt::load_pack`] makes of the same rows in the file's layout. Only formats with
-    /// [`Fmt::GROUPED`].
+    /// Blocks `c0..c0 + cn` of the 16 rows of interleaved groups (`crate::interleave`; group
+    /// `g` holds rows `GROUP_ROWS · g..GROUP_ROWS · (g + 1)` and starts at `groups[g]`) unpacked
+    /// into `p`, the same registers as [`Fmt::load_pack`] makes of the same rows in the file's
+    /// layout. Only formats with [`Fmt::GROUPED`].
     #[inline(always)]
-    unsafe fn load_groups(_groups: &[*const u8; 4], _c0: usize, _p: &mut Self::P) {
+    unsafe fn load_groups(_groups: &[*const u8; 4], _c0: usize, _cn: usize, _p: &mut Self::P) {
         unreachable!("a format without a grouped loader")
     }
     /// Whether [`Fmt::load_groups`] exists.
     const GROUPED: bool = false;
+    /// Rows per interleaved group (`crate::interleave::group_rows`): 16 lanes are
+    /// `16 / GROUP_ROWS` groups.
+    const GROUP_ROWS: usize = crate::interleave::GROUP_ROWS;
     /// Whether the one-token path below exists: each block unpacked and used in registers, with
     /// no store of the unpacked chunk (decode reads every weight once, for one token).
     const ONE: bool = false;
@@ -337,14 +343,85 @@ struct LegacyP {
 }
 
 /// How a legacy weight block unpacks: its 32 quants as 8 dwords (unsigned for type 1, signed for
-/// type 0), its scale and (type 1) minimum, from the transposed chunk at byte offset `o`.
+/// type 0), its scale and (type 1) minimum, from block `b` of a chunk of 16 rows (`src`: the
+/// transposed chunk of the file's rows, or two interleaved groups).
 trait Legacy {
     const WB: usize;
     /// Blocks per chunk (at most [`LCHUNK`]): chosen so a chunk nearly fills whole 64-byte loads.
     const CHUNK: usize;
     /// Type 1 (with a minimum, paired with Q8_1).
     const TYPE1: bool;
-    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m512i; 8]) -> (__m512, __m512);
+    unsafe fn unpack<S: LegacySrc>(src: &S, b: usize, q: &mut [__m512i; 8]) -> (__m512, __m512);
+}
+
+/// Bytes of a legacy block's header: `d`, and `m` for type 1 (f16 each).
+const fn legacy_head<W: Legacy>() -> usize {
+    if W::TYPE1 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Where the 16 rows of a legacy chunk come from, lane `r` holding row `r`.
+trait LegacySrc {
+    /// Block `b`'s scale and (type 1) minimum, as f32 (zero for type 0).
+    unsafe fn dm<W: Legacy>(&self, b: usize) -> (__m512, __m512);
+    /// Dword `k` after block `b`'s header.
+    unsafe fn body<W: Legacy>(&self, b: usize, k: usize) -> __m512i;
+}
+
+impl LegacySrc for TChunk {
+    #[inline(always)]
+    unsafe fn dm<W: Legacy>(&self, b: usize) -> (__m512, __m512) {
+        let v = self.dw(b * W::WB);
+        let m = if W::TYPE1 {
+            half_f32::<true>(v)
+        } else {
+            _mm512_setzero_ps()
+        };
+        (half_f32::<false>(v), m)
+    }
+
+    #[inline(always)]
+    unsafe fn body<W: Legacy>(&self, b: usize, k: usize) -> __m512i {
+        self.dw(b * W::WB + legacy_head::<W>() + 4 * k)
+    }
+}
+
+/// Two interleaved groups of 8 rows (`crate::interleave`), at the chunk's first group block: group
+/// block `b` holds the 8 rows' `d` (then `m`) side by side, then each dword after the header 8
+/// rows at a time, so a lane register is two 32-byte loads with no transpose.
+struct LegacyGroups([*const u8; 2]);
+
+impl LegacyGroups {
+    /// The 16 bytes at `off` of block `b` of both groups, group 0's in the low half.
+    #[inline(always)]
+    unsafe fn halves<W: Legacy>(&self, b: usize, off: usize) -> __m256i {
+        let o = b * LEGACY_GROUP * W::WB + off;
+        let lo = _mm256_castsi128_si256(_mm_loadu_si128(self.0[0].add(o).cast()));
+        _mm256_inserti128_si256::<1>(lo, _mm_loadu_si128(self.0[1].add(o).cast()))
+    }
+}
+
+impl LegacySrc for LegacyGroups {
+    #[inline(always)]
+    unsafe fn dm<W: Legacy>(&self, b: usize) -> (__m512, __m512) {
+        let d = _mm512_cvtph_ps(self.halves::<W>(b, 0));
+        let m = if W::TYPE1 {
+            _mm512_cvtph_ps(self.halves::<W>(b, 2 * LEGACY_GROUP))
+        } else {
+            _mm512_setzero_ps()
+        };
+        (d, m)
+    }
+
+    #[inline(always)]
+    unsafe fn body<W: Legacy>(&self, b: usize, k: usize) -> __m512i {
+        let o = b * LEGACY_GROUP * W::WB + LEGACY_GROUP * (legacy_head::<W>() + 4 * k);
+        let lo = _mm512_castsi256_si512(_mm256_loadu_si256(self.0[0].add(o).cast()));
+        _mm512_inserti64x4::<1>(lo, _mm256_loadu_si256(self.0[1].add(o).cast()))
+    }
 }
 
 struct Q4_0;
@@ -359,14 +436,14 @@ impl Legacy for Q4_0 {
     const CHUNK: usize = 7;
     const TYPE1: bool = false;
     #[inline(always)]
-    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
+    unsafe fn unpack<S: LegacySrc>(src: &S, b: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
         let eight = _mm512_set1_epi8(8);
         for k in 0..4 {
-            let g = src.dw(o + 2 + 4 * k);
+            let g = src.body::<Self>(b, k);
             q[k] = _mm512_sub_epi8(nib_lo(g), eight);
             q[k + 4] = _mm512_sub_epi8(nib_hi(g), eight);
         }
-        (half_f32::<false>(src.dw(o)), _mm512_setzero_ps())
+        src.dm::<Self>(b)
     }
 }
 
@@ -375,14 +452,13 @@ impl Legacy for Q4_1 {
     const CHUNK: usize = 6;
     const TYPE1: bool = true;
     #[inline(always)]
-    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
+    unsafe fn unpack<S: LegacySrc>(src: &S, b: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
         for k in 0..4 {
-            let g = src.dw(o + 4 + 4 * k);
+            let g = src.body::<Self>(b, k);
             q[k] = nib_lo(g);
             q[k + 4] = nib_hi(g);
         }
-        let dm = src.dw(o);
-        (half_f32::<false>(dm), half_f32::<true>(dm))
+        src.dm::<Self>(b)
     }
 }
 
@@ -391,17 +467,17 @@ impl Legacy for Q5_0 {
     const CHUNK: usize = 8;
     const TYPE1: bool = false;
     #[inline(always)]
-    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
-        let qh = src.dw(o + 2);
+    unsafe fn unpack<S: LegacySrc>(src: &S, b: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
+        let qh = src.body::<Self>(b, 0);
         let sixteen = _mm512_set1_epi8(16);
         for k in 0..4 {
-            let g = src.dw(o + 6 + 4 * k);
+            let g = src.body::<Self>(b, 1 + k);
             let lo = _mm512_or_si512(nib_lo(g), qh_bits(qh, k as u32));
             let hi = _mm512_or_si512(nib_hi(g), qh_bits(qh, k as u32 + 4));
             q[k] = _mm512_sub_epi8(lo, sixteen);
             q[k + 4] = _mm512_sub_epi8(hi, sixteen);
         }
-        (half_f32::<false>(src.dw(o)), _mm512_setzero_ps())
+        src.dm::<Self>(b)
     }
 }
 
@@ -410,15 +486,14 @@ impl Legacy for Q5_1 {
     const CHUNK: usize = 8;
     const TYPE1: bool = true;
     #[inline(always)]
-    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
-        let qh = src.dw(o + 4);
+    unsafe fn unpack<S: LegacySrc>(src: &S, b: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
+        let qh = src.body::<Self>(b, 0);
         for k in 0..4 {
-            let g = src.dw(o + 8 + 4 * k);
+            let g = src.body::<Self>(b, 1 + k);
             q[k] = _mm512_or_si512(nib_lo(g), qh_bits(qh, k as u32));
             q[k + 4] = _mm512_or_si512(nib_hi(g), qh_bits(qh, k as u32 + 4));
         }
-        let dm = src.dw(o);
-        (half_f32::<false>(dm), half_f32::<true>(dm))
+        src.dm::<Self>(b)
     }
 }
 
@@ -427,11 +502,11 @@ impl Legacy for Q8_0 {
     const CHUNK: usize = 7;
     const TYPE1: bool = false;
     #[inline(always)]
-    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
+    unsafe fn unpack<S: LegacySrc>(src: &S, b: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
         for (k, qk) in q.iter_mut().enumerate() {
-            *qk = src.dw(o + 2 + 4 * k);
+            *qk = src.body::<Self>(b, k);
         }
-        (half_f32::<false>(src.dw(o)), _mm512_setzero_ps())
+        src.dm::<Self>(b)
     }
 }
 
@@ -440,14 +515,37 @@ impl Legacy for Iq4Nl {
     const CHUNK: usize = 7;
     const TYPE1: bool = false;
     #[inline(always)]
-    unsafe fn unpack(src: &TChunk, o: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
+    unsafe fn unpack<S: LegacySrc>(src: &S, b: usize, q: &mut [__m512i; 8]) -> (__m512, __m512) {
         let table = _mm512_broadcast_i32x4(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()));
         for k in 0..4 {
-            let g = src.dw(o + 2 + 4 * k);
+            let g = src.body::<Self>(b, k);
             q[k] = _mm512_shuffle_epi8(table, nib_lo(g));
             q[k + 4] = _mm512_shuffle_epi8(table, nib_hi(g));
         }
-        (half_f32::<false>(src.dw(o)), _mm512_setzero_ps())
+        src.dm::<Self>(b)
+    }
+}
+
+/// Unpacks `cn` blocks of a legacy chunk from `src` into `p`.
+#[inline(always)]
+unsafe fn legacy_pack<W: Legacy, S: LegacySrc>(src: &S, cn: usize, p: &mut LegacyP) {
+    for b in 0..cn {
+        let (d, m) = W::unpack(src, b, &mut p.q[b]);
+        p.d[b] = d;
+        p.m[b] = if W::TYPE1 {
+            m
+        } else {
+            // -128 * sum(q), the correction for the biased activations, kept as i32 bits.
+            let ones = _mm512_set1_epi8(1);
+            let mut s = _mm512_setzero_si512();
+            for k in 0..8 {
+                s = _mm512_dpbusd_epi32(s, ones, p.q[b][k]);
+            }
+            _mm512_castsi512_ps(_mm512_sub_epi32(
+                _mm512_setzero_si512(),
+                _mm512_slli_epi32(s, 7),
+            ))
+        };
     }
 }
 
@@ -469,24 +567,17 @@ impl<W: Legacy> Fmt for L<W> {
 
     #[inline(always)]
     unsafe fn pack(src: &TChunk, cn: usize, p: &mut LegacyP) {
-        for b in 0..cn {
-            let (d, m) = W::unpack(src, b * W::WB, &mut p.q[b]);
-            p.d[b] = d;
-            p.m[b] = if W::TYPE1 {
-                m
-            } else {
-                // -128 * sum(q), the correction for the biased activations, kept as i32 bits.
-                let ones = _mm512_set1_epi8(1);
-                let mut s = _mm512_setzero_si512();
-                for k in 0..8 {
-                    s = _mm512_dpbusd_epi32(s, ones, p.q[b][k]);
-                }
-                _mm512_castsi512_ps(_mm512_sub_epi32(
-                    _mm512_setzero_si512(),
-                    _mm512_slli_epi32(s, 7),
-                ))
-            };
-        }
+        legacy_pack::<W, _>(src, cn, p)
+    }
+
+    const GROUPED: bool = true;
+    const GROUP_ROWS: usize = LEGACY_GROUP;
+
+    /// Two groups of 8 rows: each lane register is two 32-byte loads (`LegacyGroups`).
+    #[inline(always)]
+    unsafe fn load_groups(groups: &[*const u8; 4], c0: usize, cn: usize, p: &mut LegacyP) {
+        let at = c0 * LEGACY_GROUP * W::WB;
+        legacy_pack::<W, _>(&LegacyGroups([groups[0].add(at), groups[1].add(at)]), cn, p)
     }
 
     #[inline(always)]
@@ -591,7 +682,7 @@ impl<W: Legacy> Fmt for L<W> {
     ) {
         for b in 0..cn {
             let mut w = [_mm512_setzero_si512(); 8];
-            let (d, m) = W::unpack(src, b * W::WB, &mut w);
+            let (d, m) = W::unpack(src, b, &mut w);
             let blk = a.add((c0 + b) * Self::AB);
             let pq = q.add(8 * (c0 + b));
             let mut isum = [_mm512_setzero_si512(); 4];
@@ -793,7 +884,7 @@ impl<const Q5: bool> Fmt for K45<Q5> {
     /// per row. Row `r`'s two quant dwords of a half become lanes by one `vpermt2d` each over two
     /// groups' halves; its scales and minimums are put together eight to a qword first.
     #[inline(always)]
-    unsafe fn load_groups(groups: &[*const u8; 4], c0: usize, p: &mut K45P) {
+    unsafe fn load_groups(groups: &[*const u8; 4], c0: usize, _cn: usize, p: &mut K45P) {
         use crate::interleave::Q4_K_GROUP_BLOCK;
         let g: [*const u8; 4] = std::array::from_fn(|i| groups[i].add(c0 * Q4_K_GROUP_BLOCK));
         let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
@@ -1166,11 +1257,15 @@ unsafe fn run<F: Fmt, const GROUPED: bool>(
         for (l, r) in rows.iter_mut().enumerate() {
             *r = base.add(l.min(nr - 1) * w.stride);
         }
-        // Interleaved: the four groups' starts (`w.count` is whole groups; past a ragged end the
+        // Interleaved: the groups' starts (`w.count` is whole groups; past a ragged end the
         // last group repeats, like the last row above).
         let groups: [*const u8; 4] = std::array::from_fn(|g| {
-            let last = nr.saturating_sub(GROUP);
-            base.add((GROUP * g).min(last) * w.stride)
+            let last = nr.saturating_sub(F::GROUP_ROWS);
+            if g * F::GROUP_ROWS < LANES {
+                base.add((F::GROUP_ROWS * g).min(last) * w.stride)
+            } else {
+                base
+            }
         });
         for j in 0..nt {
             acc[j] = _mm512_setzero_ps();
@@ -1203,7 +1298,7 @@ unsafe fn run<F: Fmt, const GROUPED: bool>(
                 continue;
             }
             if GROUPED {
-                F::load_groups(&groups, c0, p);
+                F::load_groups(&groups, c0, cn, p);
             } else {
                 F::load_pack(tc, &rows, end, c0, cn, p);
             }
@@ -1283,6 +1378,28 @@ entry!(iq4_nl, L<Iq4Nl>, 32);
 entry!(q4_k, K45<false>, 256);
 entry!(q5_k, K45<true>, 256);
 entry!(q6_k, Q6K, 256);
+macro_rules! legacy_grouped {
+    ($($name:ident, $W:ty;)*) => {$(
+        entry!(
+            $name,
+            L<$W>,
+            32,
+            true,
+            "Legacy rows interleaved eight at a time (`crate::interleave`): the lanes kernel with \
+             each block of 16 rows loaded from its two groups (`Fmt::load_groups`), the same \
+             registers as from the file's rows, so the same bits"
+        );
+    )*};
+}
+
+legacy_grouped! {
+    q4_0_grouped, Q4_0;
+    q4_1_grouped, Q4_1;
+    q5_0_grouped, Q5_0;
+    q5_1_grouped, Q5_1;
+    q8_0_grouped, Q8_0;
+    iq4_nl_grouped, Iq4Nl;
+}
 entry!(
     q4_k_grouped,
     K45<false>,
@@ -1293,8 +1410,8 @@ entry!(
      registers as from the file's rows, so the same bits"
 );
 
-/// Rows per interleaved Q4_K group.
-const GROUP: usize = crate::interleave::GROUP_ROWS;
+/// Rows per interleaved group of a legacy format.
+const LEGACY_GROUP: usize = crate::interleave::LEGACY_GROUP_ROWS;
 
 /// Runs `f` on this thread's scratch.
 #[inline(always)]

@@ -703,15 +703,15 @@ pub fn interleaved_kernels(isa: impl Into<Isa>, ty: GgmlType) -> bool {
 /// better to put them back once ([`crate::interleave::ungroup_rows`]) and call
 /// [`vec_dot_matrix_at`] over them. Either way the products are the same bits.
 ///
-/// AVX2 and AVX-VNNI read the groups for any number of tokens. AVX-512 reads Q4_K's with its
-/// 512-bit kernel for two tokens and more (`lanes::q4_k_grouped`), and the others' on 256-bit
-/// registers while they beat its 512-bit kernels over the file's rows: up to 4 tokens of a legacy
-/// format, one token of Q4_K or Q6_K. One thread, G multiply-adds/s, 512-bit over the file's
-/// rows against 256-bit VNNI over the groups (Intel Xeon, in L2; 1536 × 576 legacy, 768 × 2048
-/// K-quants): Q4_1 2 / 4 / 8 tokens 45.9 / 73.4 / 100.6 against 83.9 / 77.6 / 91.9, Q8_0 31.2 /
-/// 53.7 / 80.3 against 68.0 / 64.5 / 71.9; Q4_K 2 tokens 65.3 against 53.3, Q6_K 37.8 against
-/// 39.1 (one token: Q4_K 21.5 against 34.3 GB/s, Q6_K 27.5 against 26.1; from memory 6.6 against
-/// 12.2 and 8.0 against 9.9).
+/// AVX2 and AVX-VNNI read the groups for any number of tokens. So does AVX-512 for Q4_K and the
+/// legacy formats: few tokens on 256-bit registers (one of Q4_K, [`LEGACY_YMM_TOKENS`] of a legacy
+/// format), more with the 512-bit kernel loading the groups itself (`lanes::q4_k_grouped`,
+/// `lanes::q4_1_grouped` and the like), faster than over the file's rows, whose 16 rows it
+/// transposes (Q4_1 / Q8_0, 8 tokens, G multiply-adds/s: 128.5 / 111.4 against 101.6 / 79.5).
+/// Q6_K's groups are read for one token only. One thread, G multiply-adds/s, 512-bit over the
+/// file's rows against 256-bit VNNI over the groups (Intel Xeon, in L2; 768 × 2048): Q4_K 2
+/// tokens 65.3 against 53.3, Q6_K 37.8 against 39.1 (one token: Q4_K 21.5 against 34.3 GB/s,
+/// Q6_K 27.5 against 26.1; from memory 6.6 against 12.2 and 8.0 against 9.9).
 pub fn reads_groups(isa: impl Into<Isa>, ty: GgmlType, tokens: usize) -> bool {
     let isa = isa.into();
     if !interleaved_kernels(isa, ty) {
@@ -724,9 +724,19 @@ pub fn reads_groups(isa: impl Into<Isa>, ty: GgmlType, tokens: usize) -> bool {
         // The 512-bit kernel loads Q4_K's groups itself (`lanes::q4_k_grouped`).
         GgmlType::Q4_K => true,
         GgmlType::Q6_K => tokens <= 1,
-        _ => tokens <= 4,
+        // The legacy formats: few tokens through 256-bit kernels, more through the 512-bit
+        // kernel loading the groups itself (`lanes::q4_0_grouped` and the like).
+        _ => true,
     }
 }
+
+/// Most tokens a product over interleaved legacy rows at AVX-512 takes on 256-bit registers
+/// (`ymm::legacy_groups`); more go through the 512-bit kernel. `prefill_min`, 1536 x 576 (in
+/// L2), one thread on an Intel Xeon, G multiply-adds/s of Q4_0 / Q4_1 / Q8_0, 256-bit against
+/// 512-bit: 2 tokens 87.8 / 89.3 / 70.5 against 56.9 / 71.4 / 54.9; 3 tokens 77.3 / 75.0 / 60.2
+/// against 73.5 / 88.0 / 70.9; 4 tokens 86.4 / 81.3 / 65.5 against 86.7 / 104.2 / 84.3; 8
+/// tokens (256-bit on AVX-VNNI) 102.6 / 95.1 / 72.9 against 112.9 / 128.5 / 111.4.
+const LEGACY_YMM_TOKENS: usize = 2;
 
 /// [`vec_dot_matrix`] over rows rewritten by [`crate::interleave::interleave`]: the same elements,
 /// bit for bit, as [`vec_dot_matrix`] over the rows in the file's layout. `w` holds whole groups
@@ -790,27 +800,59 @@ pub fn vec_dot_matrix_interleaved_at(
         // 51.9 / 53.0 against 36.5 / 48.5 / 56.7 / 90.9.
         use ymm::interleaved as il;
         use ymm::legacy_groups as lg;
-        // AVX-512 (`reads_groups`): Q4_K's many tokens through the 512-bit kernel, the legacy
-        // formats' few with AVX-512 VNNI on 256-bit registers, the K-quants' one token with the
-        // AVX2 kernels (the many-token arms below are AVX-VNNI's only where the CPU has it).
+        // AVX-512 (`reads_groups`): Q4_K's and the legacy formats' many tokens through the
+        // 512-bit kernel, the legacy formats' few with AVX-512 VNNI on 256-bit registers, the
+        // K-quants' one token with the AVX2 kernels (the many-token arms below are AVX-VNNI's
+        // only where the CPU has it).
         let vnni = isa == Isa::AvxVnni;
-        let legacy: Option<[traits::MatrixFn; 3]> = match ty {
-            GgmlType::Q4_0 => Some([lg::q4_0, lg::q4_0_vnni, lg::q4_0_avx512]),
-            GgmlType::Q4_1 => Some([lg::q4_1, lg::q4_1_vnni, lg::q4_1_avx512]),
-            GgmlType::Q5_0 => Some([lg::q5_0, lg::q5_0_vnni, lg::q5_0_avx512]),
-            GgmlType::Q5_1 => Some([lg::q5_1, lg::q5_1_vnni, lg::q5_1_avx512]),
-            GgmlType::Q8_0 => Some([lg::q8_0, lg::q8_0_vnni, lg::q8_0_avx512]),
-            GgmlType::IQ4_NL => Some([lg::iq4_nl, lg::iq4_nl_vnni, lg::iq4_nl_avx512]),
+        let legacy: Option<[traits::MatrixFn; 4]> = match ty {
+            GgmlType::Q4_0 => Some([
+                lg::q4_0,
+                lg::q4_0_vnni,
+                lg::q4_0_avx512,
+                lanes::q4_0_grouped,
+            ]),
+            GgmlType::Q4_1 => Some([
+                lg::q4_1,
+                lg::q4_1_vnni,
+                lg::q4_1_avx512,
+                lanes::q4_1_grouped,
+            ]),
+            GgmlType::Q5_0 => Some([
+                lg::q5_0,
+                lg::q5_0_vnni,
+                lg::q5_0_avx512,
+                lanes::q5_0_grouped,
+            ]),
+            GgmlType::Q5_1 => Some([
+                lg::q5_1,
+                lg::q5_1_vnni,
+                lg::q5_1_avx512,
+                lanes::q5_1_grouped,
+            ]),
+            GgmlType::Q8_0 => Some([
+                lg::q8_0,
+                lg::q8_0_vnni,
+                lg::q8_0_avx512,
+                lanes::q8_0_grouped,
+            ]),
+            GgmlType::IQ4_NL => Some([
+                lg::iq4_nl,
+                lg::iq4_nl_vnni,
+                lg::iq4_nl_avx512,
+                lanes::iq4_nl_grouped,
+            ]),
             _ => None,
         };
         let f: traits::MatrixFn = match legacy {
             None if isa == Isa::Avx512 && ty == GgmlType::Q4_K && acts.count > 1 => {
                 lanes::q4_k_grouped
             }
-            Some([avx2, vex, evex]) => match isa {
+            Some([avx2, vex, evex, zmm]) => match isa {
                 Isa::Avx2 => avx2,
                 Isa::AvxVnni => vex,
-                _ => evex,
+                _ if acts.count <= LEGACY_YMM_TOKENS => evex,
+                _ => zmm,
             },
             None => match (ty, acts.count <= 2, vnni) {
                 (GgmlType::Q6_K, true, _) => il::q6_k,
