@@ -17,9 +17,6 @@ thread_local! {
     /// Per-thread output blocks of prefill calls (`[tokens][rows]`, two for gate and up), grown
     /// once: as stack arrays they were zeroed at every task, 16 KB each.
     static CALL_OUT: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// Per-thread weight rows of prefill calls put back in the file's layout (`Weight::block`),
-    /// two for gate and up, grown once.
-    static FILE_ROWS: RefCell<[Vec<u8>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
 }
 
 /// `dst.copy_from_slice(src)`, 16 floats at a time as fixed-size copies (inlined vector moves;
@@ -45,11 +42,6 @@ fn with_call_out<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
         }
         f(&mut b[..n])
     })
-}
-
-/// Runs `f` on the per-thread buffers of weight rows (contents unspecified).
-fn with_file_rows<R>(f: impl FnOnce(&mut [Vec<u8>; 2]) -> R) -> R {
-    FILE_ROWS.with(|b| f(&mut b.borrow_mut()))
 }
 
 /// Activations quantized to one type: `n_rows` rows of `row_bytes` bytes.
@@ -366,31 +358,27 @@ pub fn matmul_fused(
         }
         // Rows per call, and the stride of the call's output block.
         let rpc = (t1 - t0).min(PREFILL_ROWS_PER_CALL);
-        let per_call = g.n.min(TOKENS_PER_CALL);
         with_call_out(rpc * TOKENS_PER_CALL, |buf| {
-            with_file_rows(|[scratch, _]| {
-                for r0 in (t0..t1).step_by(rpc) {
-                    let r1 = (r0 + rpc).min(t1);
-                    // One matrix call per block of tokens, so the per-call checks and dispatch are paid
-                    // once per block rather than once per weight row.
-                    let nr = r1 - r0;
-                    let wb = w.block(g.mat, r0, r1, per_call, scratch);
-                    for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
-                        let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
-                        let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
-                        wb.product(a, &mut buf[..(k - 1) * rpc + nr], rpc);
-                        for j in 0..k {
-                            let row = out_rows.map_or(j0 + j, |rows| rows[j0 + j] as usize);
-                            let at = row * out_stride + r0;
-                            assert!(at + nr <= out_len);
-                            // SAFETY: in bounds (asserted); each (product, output row, weight row) is
-                            // written by exactly one task.
-                            let dst = unsafe { out_ptr.slice(at, nr) };
-                            copy_block(dst, &buf[j * rpc..j * rpc + nr]);
-                        }
+            for r0 in (t0..t1).step_by(rpc) {
+                let r1 = (r0 + rpc).min(t1);
+                // One matrix call per block of tokens, so the per-call checks and dispatch are paid
+                // once per block rather than once per weight row.
+                let nr = r1 - r0;
+                for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
+                    let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
+                    let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
+                    w.product(g.mat, r0, r1, a, &mut buf[..(k - 1) * rpc + nr], rpc);
+                    for j in 0..k {
+                        let row = out_rows.map_or(j0 + j, |rows| rows[j0 + j] as usize);
+                        let at = row * out_stride + r0;
+                        assert!(at + nr <= out_len);
+                        // SAFETY: in bounds (asserted); each (product, output row, weight row) is
+                        // written by exactly one task.
+                        let dst = unsafe { out_ptr.slice(at, nr) };
+                        copy_block(dst, &buf[j * rpc..j * rpc + nr]);
                     }
                 }
-            })
+            }
         });
     });
 }
@@ -492,41 +480,34 @@ pub fn matmul_swiglu(
             return;
         }
         let rpc = (t1 - t0).min(PREFILL_ROWS_PER_CALL);
-        let per_call = g.n.min(TOKENS_PER_CALL);
         with_call_out(2 * rpc * TOKENS_PER_CALL, |b| {
-            with_file_rows(|[sg, su]| {
-                let (bg, bu) = b.split_at_mut(rpc * TOKENS_PER_CALL);
-                for r0 in (t0..t1).step_by(rpc) {
-                    let r1 = (r0 + rpc).min(t1);
-                    let nr = r1 - r0;
-                    let (gb, ub) = (
-                        gate.block(mat, r0, r1, per_call, sg),
-                        up.block(mat, r0, r1, per_call, su),
-                    );
-                    for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
-                        let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
-                        let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
-                        let len = (k - 1) * rpc + nr;
-                        gb.product(a, &mut bg[..len], rpc);
-                        ub.product(a, &mut bu[..len], rpc);
-                        // Element-wise, so the columns past `nr` (not stored) do not matter.
-                        glu(act, &mut bg[..len], &bu[..len]);
-                        for j in 0..k {
-                            let b = j * rpc;
-                            if fused {
-                                put(j0 + j, r0, &bg[b..b + nr]);
-                                continue;
-                            }
-                            let at = (j0 + j) * out_stride + r0;
-                            assert!(at + nr <= out_len);
-                            // SAFETY: in bounds (asserted); each (output row, weight row) is written by
-                            // exactly one task.
-                            let dst = unsafe { out_ptr.slice(at, nr) };
-                            copy_block(dst, &bg[b..b + nr]);
+            let (bg, bu) = b.split_at_mut(rpc * TOKENS_PER_CALL);
+            for r0 in (t0..t1).step_by(rpc) {
+                let r1 = (r0 + rpc).min(t1);
+                let nr = r1 - r0;
+                for j0 in (g.start..g.start + g.n).step_by(TOKENS_PER_CALL) {
+                    let k = (g.start + g.n - j0).min(TOKENS_PER_CALL);
+                    let a = Rows::packed(acts.rows(j0, k), acts.row_bytes());
+                    let len = (k - 1) * rpc + nr;
+                    gate.product(mat, r0, r1, a, &mut bg[..len], rpc);
+                    up.product(mat, r0, r1, a, &mut bu[..len], rpc);
+                    // Element-wise, so the columns past `nr` (not stored) do not matter.
+                    glu(act, &mut bg[..len], &bu[..len]);
+                    for j in 0..k {
+                        let b = j * rpc;
+                        if fused {
+                            put(j0 + j, r0, &bg[b..b + nr]);
+                            continue;
                         }
+                        let at = (j0 + j) * out_stride + r0;
+                        assert!(at + nr <= out_len);
+                        // SAFETY: in bounds (asserted); each (output row, weight row) is written by
+                        // exactly one task.
+                        let dst = unsafe { out_ptr.slice(at, nr) };
+                        copy_block(dst, &bg[b..b + nr]);
                     }
                 }
-            })
+            }
         });
     });
     if let Some((q, w_ty)) = after {

@@ -186,7 +186,7 @@ impl Model {
 
 /// Rewrites, in place, the matrices whose rows have an interleaved layout with kernels at
 /// [`kernel_isa`] (Q4_K, Q6_K and the legacy formats on x86-64 from AVX2 up, AVX-512 included:
-/// `hearth_quant::interleave`, `hearth_quant::simd::reads_groups`) into
+/// `hearth_quant::interleave`, `hearth_quant::simd::interleaved_kernels`) into
 /// that layout, unless `HEARTH_INTERLEAVE=0`: a one-token product then reads each register once
 /// (Q4_K shares each scale multiply among four rows: one thread, 2048 × 768 in cache on Zen 1,
 /// 14.0 GB/s against 8.9; Q4_1 and Q8_0 need no transpose: 1536 × 576 on Zen 3, 35.9 and 47.3

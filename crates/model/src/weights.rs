@@ -1,9 +1,8 @@
 //! Weights bound onto the mmap: one [`Weight`] per matrix (or stack of expert matrices), one
 //! [`Layer`] per block with its optional parts as `Option`s and its FFN as an enum.
 
-use hearth_quant::interleave::{group_rows, interleaved_row, ungroup_rows};
-use hearth_quant::simd::reads_groups;
-use hearth_quant::{kernel_isa, vec_dot_matrix, vec_dot_matrix_interleaved, GgmlType, Rows};
+use hearth_quant::interleave::{group_rows, interleaved_row};
+use hearth_quant::{vec_dot_matrix, vec_dot_matrix_interleaved, GgmlType, Rows};
 
 /// A matrix (or a stack of `n_mat` matrices) of quantized rows, viewed zero-copy in the mmap.
 ///
@@ -109,46 +108,11 @@ impl Weight {
         out: &mut [f32],
         out_stride: usize,
     ) {
-        let block = Block {
-            w: self,
-            rows: self.rows_of(mat, r0, r1),
-            interleaved: self.interleaved,
-        };
-        block.product(acts, out, out_stride);
-    }
-
-    /// Rows `r0..r1` of matrix `mat` set up for several products of `tokens` activation rows each
-    /// (prefill's blocks of tokens): where this machine's kernels read interleaved rows in the
-    /// file's layout for that many tokens (`hearth_quant::simd::reads_groups`: AVX-512's), they
-    /// are put back into `scratch` here, once, instead of in every product. Same bits either way.
-    ///
-    /// # Panics
-    /// As [`Weight::product`].
-    pub fn block<'a>(
-        &'a self,
-        mat: usize,
-        r0: usize,
-        r1: usize,
-        tokens: usize,
-        scratch: &'a mut Vec<u8>,
-    ) -> Block<'a> {
         let rows = self.rows_of(mat, r0, r1);
-        if !self.interleaved || reads_groups(kernel_isa(), self.ty, tokens) {
-            return Block {
-                w: self,
-                rows,
-                interleaved: self.interleaved,
-            };
-        }
-        let len = rows.count * self.row_bytes;
-        if scratch.len() < len {
-            scratch.resize(len, 0);
-        }
-        ungroup_rows(self.ty, self.cols, &rows.data[..len], &mut scratch[..len]);
-        Block {
-            w: self,
-            rows: Rows::packed(&scratch[..len], self.row_bytes),
-            interleaved: false,
+        if self.interleaved {
+            vec_dot_matrix_interleaved(self.ty, self.cols, rows, acts, out, out_stride);
+        } else {
+            vec_dot_matrix(self.ty, self.cols, rows, acts, out, out_stride);
         }
     }
 
@@ -165,27 +129,6 @@ impl Weight {
             );
         }
         Rows::packed(&self.bytes()[(base + r0) * rb..(base + r1) * rb], rb)
-    }
-}
-
-/// Rows of one matrix of a [`Weight`] ready for products ([`Weight::block`]): its own rows, or
-/// its interleaved rows put back in the file's layout.
-pub struct Block<'a> {
-    w: &'a Weight,
-    rows: Rows<'a>,
-    interleaved: bool,
-}
-
-impl Block<'_> {
-    /// The block's rows against every row of `acts`, as [`Weight::product`].
-    #[inline]
-    pub fn product(&self, acts: Rows, out: &mut [f32], out_stride: usize) {
-        let (ty, n) = (self.w.ty, self.w.cols);
-        if self.interleaved {
-            vec_dot_matrix_interleaved(ty, n, self.rows, acts, out, out_stride);
-        } else {
-            vec_dot_matrix(ty, n, self.rows, acts, out, out_stride);
-        }
     }
 }
 

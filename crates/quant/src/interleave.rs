@@ -153,30 +153,6 @@ pub(crate) fn ungroup(ty: GgmlType, cols: usize, src: &[u8], dst: &mut [u8]) {
     f(src, cols / ty.block_size(), dst);
 }
 
-/// Whole groups `src` of rows of `cols` elements of `ty` rewritten by [`interleave`] back in the
-/// file's layout into `dst` (the same length): rows a caller reads many times with kernels over the
-/// file's layout ([`crate::simd::reads_groups`]).
-///
-/// # Panics
-/// If `ty` has no interleaved layout, `cols` is not whole blocks, or `src` is not whole groups
-/// the length of `dst`.
-pub fn ungroup_rows(ty: GgmlType, cols: usize, src: &[u8], dst: &mut [u8]) {
-    assert!(
-        has_interleaved(ty) && cols > 0 && cols % ty.block_size() == 0,
-        "{cols} columns of {ty}"
-    );
-    let group = group_rows(ty) * (cols / ty.block_size()) * ty.type_size();
-    assert!(
-        src.len() == dst.len() && src.len() % group == 0,
-        "{} bytes of {ty} groups of {group} into {}",
-        src.len(),
-        dst.len()
-    );
-    for (g, d) in src.chunks_exact(group).zip(dst.chunks_exact_mut(group)) {
-        ungroup(ty, cols, g, d);
-    }
-}
-
 /// Row `r` (of the whole matrix) of `data`, rows of `cols` elements of `ty` rewritten by
 /// [`interleave`], in the file's layout: a lookup of one row, such as a token's embedding, in a
 /// matrix the products read interleaved. The row's group is put back into `buf` (grown as needed,

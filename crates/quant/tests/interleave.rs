@@ -8,11 +8,11 @@ mod common;
 
 use common::{extreme_acts, f16_fields, random_row, Rng};
 use hearth_quant::interleave::{
-    can_interleave, deinterleave, group_rows, interleave, interleaved_row, ungroup_rows,
-    GROUP_ROWS, LEGACY_GROUP_ROWS,
+    can_interleave, deinterleave, group_rows, interleave, interleaved_row, GROUP_ROWS,
+    LEGACY_GROUP_ROWS,
 };
 use hearth_quant::simd::{
-    available_isas, interleaved_kernels, quantize_row_at, reads_groups, vec_dot_matrix_at,
+    available_isas, interleaved_kernels, quantize_row_at, vec_dot_matrix_at,
     vec_dot_matrix_interleaved_at, Isa, Level, Rows,
 };
 use hearth_quant::{vec_dot_type, GgmlType, ALL_TYPES};
@@ -75,22 +75,6 @@ fn both_layouts(
     vec_dot_matrix_at(isa, ty, n, Rows::packed(w, wrow), ar, &mut want, rows);
     vec_dot_matrix_interleaved_at(isa, ty, n, Rows::packed(wi, wrow), ar, &mut got, rows);
     (got, want)
-}
-
-/// Whole groups put back by [`ungroup_rows`] are the file's rows, byte for byte.
-#[test]
-fn ungrouped_rows_are_the_files() {
-    let mut rng = Rng(5);
-    for ty in TYPES {
-        for (rows, n) in shapes(ty) {
-            let w = rows_of(&mut rng, ty, rows, n);
-            let mut x = w.clone();
-            assert!(interleave(ty, n, &mut x));
-            let mut back = vec![0u8; w.len()];
-            ungroup_rows(ty, n, &x, &mut back);
-            assert_eq!(back, w, "{ty} {rows} x {n}");
-        }
-    }
 }
 
 #[test]
@@ -249,18 +233,6 @@ fn kernels_exist_where_a_loader_interleaves() {
         assert!(!interleaved_kernels(Isa::Scalar, ty));
         for isa in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512] {
             assert_eq!(interleaved_kernels(isa, ty), cfg!(target_arch = "x86_64"));
-        }
-        // AVX-512 reads the groups of Q4_K and the legacy formats for any number of tokens,
-        // Q6_K's for one only; more put them back first.
-        let few = match ty {
-            GgmlType::Q6_K => 1,
-            _ => usize::MAX,
-        };
-        for tokens in 1..=64 {
-            let x86 = cfg!(target_arch = "x86_64");
-            assert_eq!(reads_groups(Isa::Avx2, ty, tokens), x86);
-            assert_eq!(reads_groups(Isa::Avx512, ty, tokens), x86 && tokens <= few);
-            assert!(!reads_groups(Isa::Scalar, ty, tokens));
         }
     }
     assert!(!interleaved_kernels(Isa::Avx2, GgmlType::Q5_K));

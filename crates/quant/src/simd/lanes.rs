@@ -1058,6 +1058,27 @@ struct Q6P {
 
 struct Q6K;
 
+/// Scales `4g..4g + 4` of the 16 rows (`s4`: a dword per row, one i8 per byte) into `p`: each
+/// as i32, and as i16 pairs `[sc[4g], sc[4g + 1]]`, `[sc[4g + 2], sc[4g + 3]]`.
+#[inline(always)]
+unsafe fn q6_scales(p: &mut Q6P, g: usize, s4: __m512i) {
+    for k in 0..4 {
+        let up = _mm512_sll_epi32(s4, _mm_cvtsi32_si128(24 - 8 * k as i32));
+        p.sc[4 * g + k] = _mm512_srai_epi32(up, 24);
+    }
+    // lo16 = [sc0, sc2] (i16 lanes), hi16 = [sc1, sc3] per dword.
+    let lo16 = _mm512_srai_epi16(_mm512_slli_epi16(s4, 8), 8);
+    let hi16 = _mm512_srai_epi16(s4, 8);
+    p.scp[2 * g] = _mm512_or_si512(
+        _mm512_and_si512(lo16, _mm512_set1_epi32(0xffff)),
+        _mm512_slli_epi32(hi16, 16),
+    );
+    p.scp[2 * g + 1] = _mm512_or_si512(
+        _mm512_srli_epi32(lo16, 16),
+        _mm512_andnot_si512(_mm512_set1_epi32(0xffff), hi16),
+    );
+}
+
 impl Fmt for Q6K {
     const WB: usize = 210;
     const AB: usize = 292;
@@ -1071,24 +1092,7 @@ impl Fmt for Q6K {
         // ql[128] at 0, qh[64] at 128, scales[16] at 192, d at 208 (read as the dword at 206).
         p.d = half_f32::<true>(src.dw(o + 206));
         for g in 0..4 {
-            let s4 = src.dw(o + 192 + 4 * g);
-            for k in 0..4 {
-                let up = _mm512_sll_epi32(s4, _mm_cvtsi32_si128(24 - 8 * k as i32));
-                let v = _mm512_srai_epi32(up, 24);
-                p.sc[4 * g + k] = v;
-            }
-            // i16 pairs: [sc[4g], sc[4g + 1]] and [sc[4g + 2], sc[4g + 3]].
-            let lo16 = _mm512_srai_epi16(_mm512_slli_epi16(s4, 8), 8);
-            let hi16 = _mm512_srai_epi16(s4, 8);
-            // lo16 = [sc0, sc2] (i16 lanes), hi16 = [sc1, sc3] per dword.
-            p.scp[2 * g] = _mm512_or_si512(
-                _mm512_and_si512(lo16, _mm512_set1_epi32(0xffff)),
-                _mm512_slli_epi32(hi16, 16),
-            );
-            p.scp[2 * g + 1] = _mm512_or_si512(
-                _mm512_srli_epi32(lo16, 16),
-                _mm512_andnot_si512(_mm512_set1_epi32(0xffff), hi16),
-            );
+            q6_scales(p, g, src.dw(o + 192 + 4 * g));
         }
         let m4 = _mm512_set1_epi8(0x0f);
         let m2 = _mm512_set1_epi8(0x03);
@@ -1110,6 +1114,69 @@ impl Fmt for Q6K {
                         p.q[32 * h + 8 * g + t] = _mm512_or_si512(lo, _mm512_slli_epi32(hb, 4));
                     }
                 }
+            }
+        }
+    }
+
+    const GROUPED: bool = true;
+
+    /// Q6_K's group super-block (`crate::interleave`): `d` of the four rows, their scales a dword
+    /// per row and four sub-blocks, then per 32 elements three 32-byte parts of 8 bytes per row
+    /// (low nibbles of elements 0..16, of 16..32, top bits), whose two dwords per row become lanes
+    /// by one `vpermt2d` each over two groups' parts, as Q4_K's quants.
+    #[inline(always)]
+    unsafe fn load_groups(groups: &[*const u8; 4], c0: usize, _cn: usize, p: &mut Q6P) {
+        use crate::interleave::{Q6_K_GROUP_BLOCK, Q6_K_GROUP_QUANTS};
+        let g: [*const u8; 4] = std::array::from_fn(|i| groups[i].add(c0 * Q6_K_GROUP_BLOCK));
+        let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+        let qword = |i: usize| read_unaligned(g[i].cast::<i64>());
+        p.d = _mm512_cvtph_ps(_mm256_setr_epi64x(qword(0), qword(1), qword(2), qword(3)));
+        for k in 0..4 {
+            // Scales 4k..4k + 4 of rows 0..3 at bytes 8 + 16k of each group.
+            let at = |i: usize| _mm_loadu_si128(g[i].add(8 + 16 * k).cast());
+            let mut s4 = _mm512_castsi128_si512(at(0));
+            s4 = _mm512_inserti32x4::<1>(s4, at(1));
+            s4 = _mm512_inserti32x4::<2>(s4, at(2));
+            s4 = _mm512_inserti32x4::<3>(s4, at(3));
+            q6_scales(p, k, s4);
+        }
+        let m4 = _mm512_set1_epi8(0x0f);
+        let m2 = _mm512_set1_epi8(0x03);
+        for c in 0..8 {
+            let off = Q6_K_GROUP_QUANTS + 96 * c;
+            // Part `i`, bytes 0..4 (`lo`) and 4..8 (`hi`) of each row's 8.
+            let part = |i: usize| {
+                let (x, y) = (
+                    pair(g[0], g[1], off + 32 * i),
+                    pair(g[2], g[3], off + 32 * i),
+                );
+                (
+                    _mm512_permutex2var_epi32(x, even, y),
+                    _mm512_permutex2var_epi32(x, odd, y),
+                )
+            };
+            let (l0, h0) = part(0);
+            let (l1, h1) = part(1);
+            let (l2, h2) = part(2);
+            // Register 8c + d holds elements 32c + 4d..32c + 4d + 4: nibble `d / 2 % 2` of part
+            // `d / 4`, bytes `4 (d % 2)..`; top bits at 2 (d / 2) in part 2.
+            for d in 0..8 {
+                let (ql, qh) = match (d / 4, d % 2) {
+                    (0, 0) => (l0, l2),
+                    (0, _) => (h0, h2),
+                    (_, 0) => (l1, l2),
+                    _ => (h1, h2),
+                };
+                let lo = _mm512_and_si512(
+                    _mm512_srl_epi32(ql, _mm_cvtsi32_si128(4 * (d / 2 % 2) as i32)),
+                    m4,
+                );
+                let hb = _mm512_and_si512(
+                    _mm512_srl_epi32(qh, _mm_cvtsi32_si128(2 * (d / 2) as i32)),
+                    m2,
+                );
+                p.q[8 * c + d] = _mm512_or_si512(lo, _mm512_slli_epi32(hb, 4));
             }
         }
     }
@@ -1400,6 +1467,15 @@ legacy_grouped! {
     q8_0_grouped, Q8_0;
     iq4_nl_grouped, Iq4Nl;
 }
+entry!(
+    q6_k_grouped,
+    Q6K,
+    256,
+    true,
+    "Q6_K rows interleaved four at a time (`crate::interleave`), two tokens and more: the lanes \
+     kernel with each block of 16 rows loaded from its four groups (`Fmt::load_groups`), the same \
+     registers as from the file's rows, so the same bits"
+);
 entry!(
     q4_k_grouped,
     K45<false>,

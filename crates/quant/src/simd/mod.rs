@@ -685,49 +685,23 @@ fn for_passes(acts: &Rows, alen: usize, mut f: impl FnMut(usize, &[&[u8]])) {
 /// ([`crate::interleave`]): what a loader rewrites its weights for. Elsewhere the product still
 /// works, through a copy of each group in the file's layout, but slowly.
 ///
-/// AVX-512 machines interleave too: their one-token kernels read the groups on 256-bit
-/// registers ([`reads_groups`]), since the 512-bit kernels over the file's rows streamed worse
-/// (one thread, in L2 of an Intel Xeon with AVX-512 and AVX-VNNI, GB/s: Q4_1 20.0 against 46.1,
-/// Q8_0 22.9 against 65.1, Q4_K 21.5 against 34.3; SmolLM2 Q4_1 tg128 168-204 against 241-280 t/s
-/// with both threads).
+/// AVX-512 machines interleave too. Their kernels read the groups for any number of tokens: few
+/// on 256-bit registers (one token of Q4_K or Q6_K, [`LEGACY_YMM_TOKENS`] of a legacy format),
+/// since the 512-bit kernels over the file's rows streamed worse (one thread, in L2 of an Intel
+/// Xeon with AVX-512 and AVX-VNNI, GB/s: Q4_1 20.0 against 46.1, Q8_0 22.9 against 65.1, Q4_K
+/// 21.5 against 34.3, Q6_K 27.5 against 26.1; SmolLM2 Q4_1 tg128 168-204 against 241-280 t/s with
+/// both threads); more with the 512-bit kernel loading the groups itself (`lanes::q4_k_grouped`,
+/// `lanes::q6_k_grouped`, `lanes::q4_1_grouped` and the like), into the same registers as the
+/// file's rows, and faster than from them: one thread, G multiply-adds/s, groups against the
+/// file's rows (which it transposes), in L2 (1536 × 576 legacy, 768 × 2048 K-quants), 8 tokens:
+/// Q4_1 128.5 against 101.6, Q8_0 111.4 against 79.5, Q4_K 143.5 against 132.4, Q6_K 108.1
+/// against 90.8; 2 tokens: Q4_K 74.5 against 65.7, Q6_K 52.7 against 37.7. (Before, the rows went
+/// back to the file's layout for those: 8 tokens of Q4_1 51.9, of Q8_0 35.3.)
 pub fn interleaved_kernels(isa: impl Into<Isa>, ty: GgmlType) -> bool {
     let isa = isa.into();
     crate::interleave::has_interleaved(ty)
         && cfg!(target_arch = "x86_64")
         && matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512)
-}
-
-/// Whether [`vec_dot_matrix_interleaved_at`] reads interleaved rows of `ty` as they are for
-/// `tokens` activation rows at `isa`; otherwise it puts each group back in the file's layout
-/// first, and a caller that makes several products over the same rows (blocks of tokens) does
-/// better to put them back once ([`crate::interleave::ungroup_rows`]) and call
-/// [`vec_dot_matrix_at`] over them. Either way the products are the same bits.
-///
-/// AVX2 and AVX-VNNI read the groups for any number of tokens. So does AVX-512 for Q4_K and the
-/// legacy formats: few tokens on 256-bit registers (one of Q4_K, [`LEGACY_YMM_TOKENS`] of a legacy
-/// format), more with the 512-bit kernel loading the groups itself (`lanes::q4_k_grouped`,
-/// `lanes::q4_1_grouped` and the like), faster than over the file's rows, whose 16 rows it
-/// transposes (Q4_1 / Q8_0, 8 tokens, G multiply-adds/s: 128.5 / 111.4 against 101.6 / 79.5).
-/// Q6_K's groups are read for one token only. One thread, G multiply-adds/s, 512-bit over the
-/// file's rows against 256-bit VNNI over the groups (Intel Xeon, in L2; 768 × 2048): Q4_K 2
-/// tokens 65.3 against 53.3, Q6_K 37.8 against 39.1 (one token: Q4_K 21.5 against 34.3 GB/s,
-/// Q6_K 27.5 against 26.1; from memory 6.6 against 12.2 and 8.0 against 9.9).
-pub fn reads_groups(isa: impl Into<Isa>, ty: GgmlType, tokens: usize) -> bool {
-    let isa = isa.into();
-    if !interleaved_kernels(isa, ty) {
-        return false;
-    }
-    if isa != Isa::Avx512 {
-        return true;
-    }
-    match ty {
-        // The 512-bit kernel loads Q4_K's groups itself (`lanes::q4_k_grouped`).
-        GgmlType::Q4_K => true,
-        GgmlType::Q6_K => tokens <= 1,
-        // The legacy formats: few tokens through 256-bit kernels, more through the 512-bit
-        // kernel loading the groups itself (`lanes::q4_0_grouped` and the like).
-        _ => true,
-    }
 }
 
 /// Most tokens a product over interleaved legacy rows at AVX-512 takes on 256-bit registers
@@ -790,7 +764,7 @@ pub fn vec_dot_matrix_interleaved_at(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if reads_groups(isa, ty, acts.count) {
+    if interleaved_kernels(isa, ty) {
         // Legacy formats: `ymm::legacy_groups` for any number of tokens. K-quants, one or two
         // tokens (decode): each unpacked register serves both, four rows share each scale
         // multiply. More: the 8-lane kernels, which unpack 8 rows once for up to 64
@@ -800,10 +774,9 @@ pub fn vec_dot_matrix_interleaved_at(
         // 51.9 / 53.0 against 36.5 / 48.5 / 56.7 / 90.9.
         use ymm::interleaved as il;
         use ymm::legacy_groups as lg;
-        // AVX-512 (`reads_groups`): Q4_K's and the legacy formats' many tokens through the
-        // 512-bit kernel, the legacy formats' few with AVX-512 VNNI on 256-bit registers, the
-        // K-quants' one token with the AVX2 kernels (the many-token arms below are AVX-VNNI's
-        // only where the CPU has it).
+        // AVX-512: many tokens through the 512-bit kernel loading the groups, the legacy
+        // formats' few with AVX-512 VNNI on 256-bit registers, the K-quants' one token with the
+        // AVX2 kernels (the many-token arms below are AVX-VNNI's only where the CPU has it).
         let vnni = isa == Isa::AvxVnni;
         let legacy: Option<[traits::MatrixFn; 4]> = match ty {
             GgmlType::Q4_0 => Some([
@@ -845,9 +818,10 @@ pub fn vec_dot_matrix_interleaved_at(
             _ => None,
         };
         let f: traits::MatrixFn = match legacy {
-            None if isa == Isa::Avx512 && ty == GgmlType::Q4_K && acts.count > 1 => {
-                lanes::q4_k_grouped
-            }
+            None if isa == Isa::Avx512 && acts.count > 1 => match ty {
+                GgmlType::Q6_K => lanes::q6_k_grouped,
+                _ => lanes::q4_k_grouped,
+            },
             Some([avx2, vex, evex, zmm]) => match isa {
                 Isa::Avx2 => avx2,
                 Isa::AvxVnni => vex,
