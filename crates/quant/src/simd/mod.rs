@@ -686,7 +686,7 @@ fn for_passes(acts: &Rows, alen: usize, mut f: impl FnMut(usize, &[&[u8]])) {
 /// works, through a copy of each group in the file's layout, but slowly.
 ///
 /// AVX-512 machines interleave too. Their kernels read the groups for any number of tokens: few
-/// on 256-bit registers (one token of Q4_K or Q6_K, [`LEGACY_YMM_TOKENS`] of a legacy format),
+/// on 256-bit registers (one token of Q4_K or Q6_K, two of a legacy format),
 /// since the 512-bit kernels over the file's rows streamed worse (one thread, in L2 of an Intel
 /// Xeon with AVX-512 and AVX-VNNI, GB/s: Q4_1 20.0 against 46.1, Q8_0 22.9 against 65.1, Q4_K
 /// 21.5 against 34.3, Q6_K 27.5 against 26.1; SmolLM2 Q4_1 tg128 168-204 against 241-280 t/s with
