@@ -1281,13 +1281,17 @@ unsafe fn run<F: Fmt, const GROUPED: bool>(
     const { assert!(!GROUPED || F::GROUPED) };
     let one = F::ONE && !GROUPED && nt == 1 && nb <= ONE_MAX_BLOCKS;
     // The tokens' prepared blocks: for every chunk at once when they fit (prepared once per
-    // call, not once per 16 rows), else one chunk's at a time. Only for one-block chunks (the
-    // K-quants): a legacy chunk's preparation is 320 bytes per token and seldom fits.
+    // call, not once per 16 rows), else one chunk's at a time. A legacy chunk's preparation is
+    // 320 bytes per token: a few tokens' fit (a server step of 8 sequences, SmolLM2: 8 tokens
+    // of Q4_1 / Q8_0, one thread, 1536 x 576 in L2, 127.9 / 114.6 -> 136.9 / 123.3 G
+    // multiply-adds/s; `hearth bench --parallel 8 -d 16` 697-731 -> 754-771 t/s), a prefill's 64
+    // mostly do not. A scratch large enough for those (160 KB) gained 6-23% in `prefill_min` but
+    // lost 9% of SmolLM2's pp512 in the model.
     let n_chunks = nb.div_ceil(F::CHUNK);
     let q_cap = (Q_ZMM * 64)
         .checked_div(size_of::<F::Q>())
         .unwrap_or(usize::MAX);
-    let hoist = F::CHUNK == 1 && n_chunks * nt <= q_cap;
+    let hoist = n_chunks * nt <= q_cap;
     let q = std::slice::from_raw_parts_mut(
         scratch.add(P_ZMM + T_ZMM).cast::<F::Q>(),
         if one {
