@@ -209,8 +209,8 @@ fn assert_model_invariant(name: &str, model: &Model) {
 /// legacy formats (Q4_0, Q4_1, Q5_1, Q8_0, IQ4_NL here) eight, at load where this CPU's kernels
 /// have that layout (`hearth_quant::interleave`; x86-64 at every level from AVX2): the logits are
 /// the same bits as from the mapped file's rows, and stay batch invariant. With AVX-512 the
-/// prefill chunks of 64 and 5 tokens read the rows put back in the file's layout
-/// (`Weight::block`), the one-token steps the groups.
+/// prefill chunks of 64 and 5 tokens go through the 512-bit kernels loading the groups, the
+/// one-token steps through the 256-bit ones.
 #[test]
 fn interleaved_weights_give_the_files_logits() {
     use hearth_quant::simd::interleaved_kernels;

@@ -205,10 +205,10 @@ fn extreme_quants(ty: GgmlType) {
                 }
             } else if !(signed && isa == Isa::Avx512) {
                 // Q8_0 / Q8_1: the quants after `d` (and `s`, which both layouts use alike).
-                // Not for signed weights (Q8_0, IQ4_NL) at AVX-512: their groups of few tokens go
-                // through the 256-bit kernels, whose `vpsignb` cannot negate -128, the file's rows
-                // through the 512-bit ones, exact there; the quantizer never makes -128 (its range
-                // is ±127).
+                // Not for signed weights (Q8_0, IQ4_NL) at AVX-512: their groups of one or two
+                // tokens go through the 256-bit kernels, whose `vpsignb` cannot negate -128, the
+                // file's rows through the 512-bit ones, exact there; the quantizer never makes -128
+                // (its range is ±127).
                 let qs = aty.type_size() - 32;
                 a[arow + qs..arow + qs + 32].fill(0x80);
             }

@@ -826,6 +826,34 @@ unsafe fn pair(a: *const u8, b: *const u8, off: usize) -> __m512i {
     )
 }
 
+/// Four groups' 16 bytes at `off`, group `i` in 128-bit lane `i`.
+#[inline(always)]
+unsafe fn quad(g: &[*const u8; 4], off: usize) -> __m512i {
+    let mut v = _mm512_castsi128_si512(_mm_loadu_si128(g[0].add(off).cast()));
+    v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(g[1].add(off).cast()));
+    v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(g[2].add(off).cast()));
+    _mm512_inserti32x4::<3>(v, _mm_loadu_si128(g[3].add(off).cast()))
+}
+
+/// The even dwords of `x` then of `y`, and the odd ones: two qwords per lane pair become a dword
+/// in each of 16 lanes.
+#[inline(always)]
+unsafe fn evens_odds(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
+    let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    (
+        _mm512_permutex2var_epi32(x, even, y),
+        _mm512_permutex2var_epi32(x, odd, y),
+    )
+}
+
+/// The 32 bytes at `off` of four groups of four rows, 8 bytes per row (row `r` at `8r`): bytes
+/// 0..4 of row `r` of group `g` in lane `4g + r` of the first register, bytes 4..8 in the second.
+#[inline(always)]
+unsafe fn row_dwords(g: &[*const u8; 4], off: usize) -> (__m512i, __m512i) {
+    evens_odds(pair(g[0], g[1], off), pair(g[2], g[3], off))
+}
+
 /// Quant dword `i` (0..32) of a Q4_K block: its low nibbles are elements of sub-block `2(i / 8)`,
 /// its high nibbles of the next.
 #[inline(always)]
@@ -887,13 +915,8 @@ impl<const Q5: bool> Fmt for K45<Q5> {
     unsafe fn load_groups(groups: &[*const u8; 4], c0: usize, _cn: usize, p: &mut K45P) {
         use crate::interleave::Q4_K_GROUP_BLOCK;
         let g: [*const u8; 4] = std::array::from_fn(|i| groups[i].add(c0 * Q4_K_GROUP_BLOCK));
-        let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-        let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
         // `d` and `dmin` (bytes 0..16 of each group: four f16 of each) into a dword per row.
-        let mut dd = _mm512_castsi128_si512(_mm_loadu_si128(g[0].cast()));
-        dd = _mm512_inserti32x4::<1>(dd, _mm_loadu_si128(g[1].cast()));
-        dd = _mm512_inserti32x4::<2>(dd, _mm_loadu_si128(g[2].cast()));
-        dd = _mm512_inserti32x4::<3>(dd, _mm_loadu_si128(g[3].cast()));
+        let dd = quad(&g, 0);
         let pick = _mm512_broadcast_i32x4(_mm_setr_epi8(
             0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
         ));
@@ -925,24 +948,14 @@ impl<const Q5: bool> Fmt for K45<Q5> {
             sm[h] = sc;
             sm[2 + h] = mn;
         }
-        k45_spread(
-            p,
-            dd,
-            [
-                _mm512_permutex2var_epi32(sm[0], even, sm[1]),
-                _mm512_permutex2var_epi32(sm[0], odd, sm[1]),
-                _mm512_permutex2var_epi32(sm[2], even, sm[3]),
-                _mm512_permutex2var_epi32(sm[2], odd, sm[3]),
-            ],
-        );
+        let (sc_even, sc_odd) = evens_odds(sm[0], sm[1]);
+        let (mn_even, mn_odd) = evens_odds(sm[2], sm[3]);
+        k45_spread(p, dd, [sc_even, sc_odd, mn_even, mn_odd]);
         // Quants: sub-block j, half h at 64 + 64j + 32h, row r's 8 bytes at 8r: byte k holds
         // element 32j + 16h + k (low nibble) and 32j + 16h + 8 + k (high).
         for j in 0..8 {
             for h in 0..2 {
-                let off = 64 + 64 * j + 32 * h;
-                let (x, y) = (pair(g[0], g[1], off), pair(g[2], g[3], off));
-                let a = _mm512_permutex2var_epi32(x, even, y);
-                let b = _mm512_permutex2var_epi32(x, odd, y);
+                let (a, b) = row_dwords(&g, 64 + 64 * j + 32 * h);
                 let q = 8 * j + 4 * h;
                 p.q[q] = nib_lo(a);
                 p.q[q + 1] = nib_lo(b);
@@ -1128,37 +1141,20 @@ impl Fmt for Q6K {
     unsafe fn load_groups(groups: &[*const u8; 4], c0: usize, _cn: usize, p: &mut Q6P) {
         use crate::interleave::{Q6_K_GROUP_BLOCK, Q6_K_GROUP_QUANTS};
         let g: [*const u8; 4] = std::array::from_fn(|i| groups[i].add(c0 * Q6_K_GROUP_BLOCK));
-        let even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-        let odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-        let qword = |i: usize| read_unaligned(g[i].cast::<i64>());
-        p.d = _mm512_cvtph_ps(_mm256_setr_epi64x(qword(0), qword(1), qword(2), qword(3)));
+        let d: [i64; 4] = std::array::from_fn(|i| read_unaligned(g[i].cast::<i64>()));
+        p.d = _mm512_cvtph_ps(_mm256_setr_epi64x(d[0], d[1], d[2], d[3]));
         for k in 0..4 {
             // Scales 4k..4k + 4 of rows 0..3 at bytes 8 + 16k of each group.
-            let at = |i: usize| _mm_loadu_si128(g[i].add(8 + 16 * k).cast());
-            let mut s4 = _mm512_castsi128_si512(at(0));
-            s4 = _mm512_inserti32x4::<1>(s4, at(1));
-            s4 = _mm512_inserti32x4::<2>(s4, at(2));
-            s4 = _mm512_inserti32x4::<3>(s4, at(3));
-            q6_scales(p, k, s4);
+            q6_scales(p, k, quad(&g, 8 + 16 * k));
         }
         let m4 = _mm512_set1_epi8(0x0f);
         let m2 = _mm512_set1_epi8(0x03);
         for c in 0..8 {
             let off = Q6_K_GROUP_QUANTS + 96 * c;
-            // Part `i`, bytes 0..4 (`lo`) and 4..8 (`hi`) of each row's 8.
-            let part = |i: usize| {
-                let (x, y) = (
-                    pair(g[0], g[1], off + 32 * i),
-                    pair(g[2], g[3], off + 32 * i),
-                );
-                (
-                    _mm512_permutex2var_epi32(x, even, y),
-                    _mm512_permutex2var_epi32(x, odd, y),
-                )
-            };
-            let (l0, h0) = part(0);
-            let (l1, h1) = part(1);
-            let (l2, h2) = part(2);
+            // Part `i`, bytes 0..4 (`li`) and 4..8 (`hi`) of each row's 8.
+            let (l0, h0) = row_dwords(&g, off);
+            let (l1, h1) = row_dwords(&g, off + 32);
+            let (l2, h2) = row_dwords(&g, off + 64);
             // Register 8c + d holds elements 32c + 4d..32c + 4d + 4: nibble `d / 2 % 2` of part
             // `d / 4`, bytes `4 (d % 2)..`; top bits at 2 (d / 2) in part 2.
             for d in 0..8 {

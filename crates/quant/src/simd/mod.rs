@@ -685,18 +685,17 @@ fn for_passes(acts: &Rows, alen: usize, mut f: impl FnMut(usize, &[&[u8]])) {
 /// ([`crate::interleave`]): what a loader rewrites its weights for. Elsewhere the product still
 /// works, through a copy of each group in the file's layout, but slowly.
 ///
-/// AVX-512 machines interleave too. Their kernels read the groups for any number of tokens: few
-/// on 256-bit registers (one token of Q4_K or Q6_K, two of a legacy format),
-/// since the 512-bit kernels over the file's rows streamed worse (one thread, in L2 of an Intel
-/// Xeon with AVX-512 and AVX-VNNI, GB/s: Q4_1 20.0 against 46.1, Q8_0 22.9 against 65.1, Q4_K
-/// 21.5 against 34.3, Q6_K 27.5 against 26.1; SmolLM2 Q4_1 tg128 168-204 against 241-280 t/s with
-/// both threads); more with the 512-bit kernel loading the groups itself (`lanes::q4_k_grouped`,
-/// `lanes::q6_k_grouped`, `lanes::q4_1_grouped` and the like), into the same registers as the
-/// file's rows, and faster than from them: one thread, G multiply-adds/s, groups against the
-/// file's rows (which it transposes), in L2 (1536 × 576 legacy, 768 × 2048 K-quants), 8 tokens:
-/// Q4_1 128.5 against 101.6, Q8_0 111.4 against 79.5, Q4_K 143.5 against 132.4, Q6_K 108.1
-/// against 90.8; 2 tokens: Q4_K 74.5 against 65.7, Q6_K 52.7 against 37.7. (Before, the rows went
-/// back to the file's layout for those: 8 tokens of Q4_1 51.9, of Q8_0 35.3.)
+/// AVX-512 machines interleave too, and their kernels read the groups for any number of tokens.
+///
+/// - Few tokens (one of Q4_K or Q6_K, two of a legacy format) on 256-bit registers, which
+///   stream better than the 512-bit kernels over the file's rows (one thread, in L2 of an Intel
+///   Xeon with AVX-512 and AVX-VNNI, one token, GB/s: Q4_1 20.0 against 46.1, Q8_0 22.9 against
+///   65.1, Q4_K 21.5 against 34.3, Q6_K 27.5 against 26.1).
+/// - More through the 512-bit kernel loading the groups itself (`lanes::q4_k_grouped`,
+///   `lanes::q6_k_grouped`, `lanes::q4_1_grouped` and the like) into the registers it makes of the
+///   file's rows, faster than from those, which it transposes (one thread, in L2, 1536 × 576
+///   legacy, 768 × 2048 K-quants, G multiply-adds/s, 8 tokens: Q4_1 128.5 against 101.6, Q8_0
+///   111.4 against 79.5, Q4_K 143.5 against 132.4, Q6_K 108.1 against 90.8).
 pub fn interleaved_kernels(isa: impl Into<Isa>, ty: GgmlType) -> bool {
     let isa = isa.into();
     crate::interleave::has_interleaved(ty)
