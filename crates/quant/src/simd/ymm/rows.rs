@@ -36,16 +36,24 @@ macro_rules! opaque {
 /// nothing changed from cache.
 const AHEAD: usize = 2048;
 
-/// Prefetches (into L1) the lines `AHEAD` bytes past the super-block `xb`, which in a matrix of
-/// contiguous rows hold the coming super-blocks of this row or the next. One prefetch per 64 bytes
-/// of super-block: consecutive super-blocks' ranges meet, so every line is asked for. The address
-/// may lie past the matrix; a prefetch never faults.
+/// Bytes ahead that [`ahead`] also prefetches into L2 (as `interleaved::AHEAD_L2`). The 12-layer
+/// MoE's decode from the mapped file (whose rows these kernels read), the Intel Xeon, AVX2, three
+/// alternating pairs: 22.1 / 21.8 / 21.7 -> 24.4 / 25.7 / 25.8 t/s.
+const AHEAD_L2: usize = 8192;
+
+/// Prefetches the lines `AHEAD` bytes past the super-block `xb` into L1 and those `AHEAD_L2`
+/// bytes past it into L2: in a matrix of contiguous rows they hold the coming super-blocks of
+/// this row or the next ones. One prefetch per 64 bytes of super-block: consecutive super-blocks'
+/// ranges meet, so every line is asked for. The address may lie past the matrix; a prefetch never
+/// faults.
 #[inline(always)]
-unsafe fn ahead<T>(xb: &T) {
+pub(crate) unsafe fn ahead<T>(xb: &T) {
     let p = (xb as *const T).cast::<i8>().wrapping_add(AHEAD);
+    let far = (xb as *const T).cast::<i8>().wrapping_add(AHEAD_L2);
     let mut o = 0;
     while o < size_of::<T>() {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o));
+        _mm_prefetch::<_MM_HINT_T1>(far.wrapping_add(o));
         o += 64;
     }
 }
