@@ -15,7 +15,8 @@ use super::legacy::{
     Iq4Nl, Kind, Legacy, LegacyP, LegacyQ, L, LCHUNK, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 };
 use super::{
-    act_ptrs, prefetch_share, prepare, regions, steps, store, wide_chains, Dp, Fmt, LANES, SCRATCH,
+    act_ptrs, prefetch_ahead, prefetch_share, prepare, regions, steps, store, wide_chains, Dp, Fmt,
+    LANES, SCRATCH,
 };
 use crate::interleave::LEGACY_GROUP_ROWS;
 use crate::simd::{Rows, PASS};
@@ -50,15 +51,8 @@ unsafe fn few<W: Legacy, D: Dp, const T: usize>(
     let (mut ac, mut am) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
     for b in 0..nb {
         let blk = g.add(b * gb);
-        // One line per 64 bytes of the group, `AHEAD` bytes on (a block is 144 to 272 bytes).
-        let ahead = blk.wrapping_add(AHEAD);
-        let far = blk.wrapping_add(AHEAD_L2);
-        let mut o = 0;
-        while o < gb {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(o).cast());
-            _mm_prefetch::<_MM_HINT_T1>(far.wrapping_add(o).cast());
-            o += 64;
-        }
+        // The group's block (144 to 272 bytes) `AHEAD` bytes on into L1, `AHEAD_L2` into L2.
+        prefetch_ahead(blk, gb, AHEAD, AHEAD_L2);
         let mut w = [_mm256_setzero_si256(); 8];
         let (d, m) = W::unpack_group(blk, &mut w);
         let ab: [*const u8; T] = std::array::from_fn(|t| a[t].add(b * <L<W> as Fmt>::AB));

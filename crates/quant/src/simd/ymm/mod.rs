@@ -415,6 +415,21 @@ pub(super) unsafe fn prefetch_share(next: *const u8, span: usize, blk: usize, nb
     }
 }
 
+/// Prefetches the `len` bytes `l1` bytes past `p` into L1 and those `l2` bytes past it into L2,
+/// one line per 64 bytes: what a one-token kernel streaming its weights from memory asks for
+/// ahead of each block it reads, so that more lines are on their way than L1's fill buffers hold
+/// (`wrapping_add`: a prefetch may point past the buffer; it never faults).
+#[inline(always)]
+pub(crate) unsafe fn prefetch_ahead(p: *const u8, len: usize, l1: usize, l2: usize) {
+    let (near, far) = (p.wrapping_add(l1), p.wrapping_add(l2));
+    let mut o = 0;
+    while o < len {
+        _mm_prefetch::<_MM_HINT_T0>(near.wrapping_add(o).cast());
+        _mm_prefetch::<_MM_HINT_T1>(far.wrapping_add(o).cast());
+        o += 64;
+    }
+}
+
 /// The thread's [`WideAcc`], made on first use.
 ///
 /// # Safety

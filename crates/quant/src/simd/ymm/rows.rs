@@ -13,6 +13,7 @@ use std::mem::size_of;
 
 use crate::block::cast_blocks;
 
+use super::prefetch_ahead;
 use crate::k_quants::{BlockQ6K, BlockQ8K};
 use crate::simd::avx2::{f16c, k4_scales_mins64, K45};
 use crate::simd::Rows;
@@ -44,18 +45,10 @@ const AHEAD_L2: usize = 8192;
 /// Prefetches the lines `AHEAD` bytes past the super-block `xb` into L1 and those `AHEAD_L2`
 /// bytes past it into L2: in a matrix of contiguous rows they hold the coming super-blocks of
 /// this row or the next ones. One prefetch per 64 bytes of super-block: consecutive super-blocks'
-/// ranges meet, so every line is asked for. The address may lie past the matrix; a prefetch never
-/// faults.
+/// ranges meet, so every line is asked for.
 #[inline(always)]
 pub(crate) unsafe fn ahead<T>(xb: &T) {
-    let p = (xb as *const T).cast::<i8>().wrapping_add(AHEAD);
-    let far = (xb as *const T).cast::<i8>().wrapping_add(AHEAD_L2);
-    let mut o = 0;
-    while o < size_of::<T>() {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o));
-        _mm_prefetch::<_MM_HINT_T1>(far.wrapping_add(o));
-        o += 64;
-    }
+    prefetch_ahead((xb as *const T).cast(), size_of::<T>(), AHEAD, AHEAD_L2);
 }
 
 /// Horizontal sum of 8 i32 lanes (exact).
