@@ -789,9 +789,9 @@ impl<W: Legacy> Fmt for L<W> {
     }
 }
 
-super::entries!(run, L<Q4_0>, q4_0, q4_0_vnni);
-super::entries!(run, L<Q4_1>, q4_1, q4_1_vnni);
-super::entries!(run, L<Q5_0>, q5_0, q5_0_vnni);
-super::entries!(run, L<Q5_1>, q5_1, q5_1_vnni);
-super::entries!(run, L<Q8_0>, q8_0, q8_0_vnni);
-super::entries!(run, L<Iq4Nl>, iq4_nl, iq4_nl_vnni);
+super::entries!(run, L<Q4_0>, q4_0, q4_0_vnni, q4_0_avx512);
+super::entries!(run, L<Q4_1>, q4_1, q4_1_vnni, q4_1_avx512);
+super::entries!(run, L<Q5_0>, q5_0, q5_0_vnni, q5_0_avx512);
+super::entries!(run, L<Q5_1>, q5_1, q5_1_vnni, q5_1_avx512);
+super::entries!(run, L<Q8_0>, q8_0, q8_0_vnni, q8_0_avx512);
+super::entries!(run, L<Iq4Nl>, iq4_nl, iq4_nl_vnni, iq4_nl_avx512);
