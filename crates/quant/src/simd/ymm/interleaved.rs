@@ -422,27 +422,29 @@ unsafe fn run(
         }
         return;
     }
-    SCRATCH.with(|s| {
-        let mut x = s.borrow_mut();
-        let x = &mut *x;
-        let need = TOKENS * nb;
-        if x.d.len() < need {
-            x.d.resize(need, 0.0);
-            x.regs.resize(need * REGS, _mm256_setzero_si256());
+    // The thread's scratch, borrowed here rather than in a closure of `with`: a closure does not
+    // inherit this function's target features, and `expand`'s intrinsics were calls there.
+    let scratch: *const RefCell<Expanded> = SCRATCH.with(|s| s as *const _);
+    // SAFETY: the thread-local outlives this call on its own thread.
+    let mut x = (*scratch).borrow_mut();
+    let x = &mut *x;
+    let need = TOKENS * nb;
+    if x.d.len() < need {
+        x.d.resize(need, 0.0);
+        x.regs.resize(need * REGS, _mm256_setzero_si256());
+    }
+    for (c, chunk) in acts.chunks(TOKENS).enumerate() {
+        for (t, a) in chunk.iter().enumerate() {
+            let a: &[BlockQ8K] = cast_blocks(a).expect("one activation row");
+            expand(
+                &a[..nb],
+                &mut x.regs[t * nb * REGS..(t + 1) * nb * REGS],
+                &mut x.d[t * nb..(t + 1) * nb],
+            );
         }
-        for (c, chunk) in acts.chunks(TOKENS).enumerate() {
-            for (t, a) in chunk.iter().enumerate() {
-                let a: &[BlockQ8K] = cast_blocks(a).expect("one activation row");
-                expand(
-                    &a[..nb],
-                    &mut x.regs[t * nb * REGS..(t + 1) * nb * REGS],
-                    &mut x.d[t * nb..(t + 1) * nb],
-                );
-            }
-            let out = &mut out[c * TOKENS * tok_stride..];
-            passes[chunk.len() - 1](nb, w, x, out, tok_stride, row_stride);
-        }
-    });
+        let out = &mut out[c * TOKENS * tok_stride..];
+        passes[chunk.len() - 1](nb, w, x, out, tok_stride, row_stride);
+    }
 }
 
 /// Q4_K interleaved rows × Q8_K activations (see `crate::traits::MatrixFn`; `w.count` whole
