@@ -276,8 +276,9 @@ const TABLE: [TypeTraits; 17] = [
                 both(yk::q3_k),
                 both(yk::q3_k_vnni),
                 Kernel {
-                    // One token: the VEX kernel, 11.4 against 9.2 GB/s (in L2) and 9.0 against 7.6
-                    // (from memory) for the EVEX one, one thread, an Intel Xeon; the same bits.
+                    // One token: the AVX2 build (`vpmaddubsw`), 11.4 against 9.2 GB/s in L2 and
+                    // 9.3 against 7.6 from memory for the AVX-512 VNNI one, one thread, an Intel
+                    // Xeon; the same bits.
                     one: yk::q3_k,
                     many: yk::q3_k_avx512,
                 },
