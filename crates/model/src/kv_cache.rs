@@ -26,7 +26,6 @@
 //! 2 MiB pages where the OS has transparent huge pages).
 
 use half::f16;
-use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use crate::error::ModelError;
 use crate::kv_quant::{self, KvQuant, QK};
@@ -122,6 +121,21 @@ impl KvType {
     }
 }
 
+/// `src` as f16 bits, rounded to nearest even: the activation quantizer's F16 rows (F16C where the
+/// CPU has it, one call per row), where `half`'s slice conversion made a call per 8 elements and
+/// was most of a decode step's KV writes (which the engine thread runs alone).
+fn f16_bits(src: &[f32], dst: &mut [u16]) {
+    // SAFETY: the u16s' memory viewed as the bytes it is made of (any bytes are valid u16s).
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), 2 * dst.len()) };
+    hearth_quant::quantize_row(hearth_quant::GgmlType::F16, src, bytes)
+        .expect("an f16 row of every length");
+    // The quantizer writes little-endian bytes.
+    for x in dst {
+        *x = u16::from_le(*x);
+    }
+}
+
 /// One kind of row storage, rows of `width` elements.
 struct Store {
     width: usize,
@@ -212,14 +226,14 @@ impl Store {
             (Layout::Runs { seg: 1 }, data) => {
                 // Element `j` of the row at `j * BLOCK` of its block's run (the same conversion).
                 let at = layout.element(width, row, 0);
-                let mut h = [f16::ZERO; 256];
+                let mut h = [0u16; 256];
                 for (c, src) in src.chunks(256).enumerate() {
                     let at = at + (c * 256) * BLOCK;
                     match data {
                         Data::F16(v) => {
-                            h[..src.len()].convert_from_f32_slice(src);
-                            for (i, x) in h[..src.len()].iter().enumerate() {
-                                v[at + i * BLOCK] = x.to_bits();
+                            f16_bits(src, &mut h[..src.len()]);
+                            for (d, x) in v[at..].iter_mut().step_by(BLOCK).zip(&h[..src.len()]) {
+                                *d = *x;
                             }
                         }
                         Data::F32(v) => {
@@ -235,11 +249,7 @@ impl Store {
                 for (h, src) in src.chunks(seg).enumerate() {
                     let at = layout.element(width, row, h * seg);
                     match data {
-                        // The slice conversion (F16C where the CPU has it), not a detected call
-                        // per element.
-                        Data::F16(v) => v[at..at + seg]
-                            .reinterpret_cast_mut::<f16>()
-                            .convert_from_f32_slice(src),
+                        Data::F16(v) => f16_bits(src, &mut v[at..at + seg]),
                         Data::F32(v) => v[at..at + seg].copy_from_slice(src),
                         Data::Quant(..) => unreachable!("quantized rows are rows"),
                     }
