@@ -211,15 +211,35 @@ impl Sampler {
     }
 }
 
-/// Index of the largest logit (the first one on ties).
+/// Index of the largest logit (the first one on ties; NaNs never win, and 0 when nothing else
+/// does).
+///
+/// The largest value first, in 16 lanes the compiler vectorizes (a maximum is exact in any order),
+/// then its first index, 16 at a time: a branch per element and a reload of the best made the
+/// one-pass loop ~30 µs over a 49152-token vocabulary, which the engine thread spends alone once
+/// per sequence and step.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
+    const LANES: usize = 16;
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    let mut m = [f32::NEG_INFINITY; LANES];
+    for c in chunks {
+        for (m, &x) in m.iter_mut().zip(c) {
+            *m = m.max(x);
         }
     }
-    best as u32
+    let max = m
+        .into_iter()
+        .chain(tail.iter().copied())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut at = 0;
+    for c in logits.chunks(LANES) {
+        if c.contains(&max) {
+            return (at + c.iter().position(|&x| x == max).unwrap_or(0)) as u32;
+        }
+        at += c.len();
+    }
+    0
 }
 
 /// `(id, log-probability)` of the `k` most likely tokens under a softmax of `logits`.
@@ -256,6 +276,43 @@ pub fn logprob(logits: &[f32], id: u32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn argmax_is_the_first_largest_non_nan() {
+        fn naive(l: &[f32]) -> u32 {
+            let mut best: Option<usize> = None;
+            for (i, &x) in l.iter().enumerate() {
+                if !x.is_nan() && best.is_none_or(|b| x > l[b]) {
+                    best = Some(i);
+                }
+            }
+            best.unwrap_or(0) as u32
+        }
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        for n in [0, 1, 5, 16, 17, 33, 49152] {
+            for case in 0..6 {
+                let l: Vec<f32> = (0..n)
+                    .map(|_| match (case, next() % 8) {
+                        // Few distinct values: many ties.
+                        (0, r) => r as f32,
+                        (1, 0) => f32::NAN,
+                        (2, _) => f32::NEG_INFINITY,
+                        (3, 0) => f32::INFINITY,
+                        (4, _) => f32::NAN,
+                        _ => next() as f32 / 1e6 - 2000.0,
+                    })
+                    .collect();
+                assert_eq!(argmax(&l), naive(&l), "n {n} case {case}");
+            }
+        }
+        assert_eq!(argmax(&[f32::NAN, 1.0, 3.0, 3.0]), 2);
+    }
 
     #[test]
     fn greedy_takes_argmax() {
