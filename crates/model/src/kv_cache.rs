@@ -122,8 +122,8 @@ impl KvType {
 }
 
 /// `src` as f16 bits, rounded to nearest even: the activation quantizer's F16 rows (F16C where the
-/// CPU has it, one call per row), where `half`'s slice conversion made a call per 8 elements and
-/// was most of a decode step's KV writes (which the engine thread runs alone).
+/// CPU has it, one call per row), where `half`'s slice conversion made a call per 8 elements (the
+/// engine thread runs the KV writes alone, while the worker waits).
 fn f16_bits(src: &[f32], dst: &mut [u16]) {
     // SAFETY: the u16s' memory viewed as the bytes it is made of (any bytes are valid u16s).
     let bytes =
@@ -232,6 +232,10 @@ impl Store {
                     match data {
                         Data::F16(v) => {
                             f16_bits(src, &mut h[..src.len()]);
+                            assert!(
+                                at + (src.len() - 1) * BLOCK < v.len(),
+                                "key row in the store"
+                            );
                             for (d, x) in v[at..].iter_mut().step_by(BLOCK).zip(&h[..src.len()]) {
                                 *d = *x;
                             }
