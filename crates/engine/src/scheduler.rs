@@ -322,7 +322,6 @@ struct Engine<'a> {
     rows: Vec<usize>,            // slot of each batch row with logits
     chunks: Vec<(usize, usize)>, // (slot, prompt tokens) prefilled this step
     order: Vec<usize>,           // slots prefilling this step, oldest first
-    row_logits: Vec<f32>,        // [n_vocab] one row's logits, modified by sampling
 }
 
 impl<'a> Engine<'a> {
@@ -364,7 +363,6 @@ impl<'a> Engine<'a> {
             rows: Vec::with_capacity(n_batch),
             chunks: Vec::with_capacity(cfg.parallel),
             order: Vec::with_capacity(cfg.parallel),
-            row_logits: vec![0.0; c.n_vocab],
         }
     }
 
@@ -806,7 +804,9 @@ impl<'a> Engine<'a> {
         }
         compute_masks(&self.pool, &mut self.slots, &self.rows);
         let n_vocab = self.model.config.n_vocab;
-        let logits = self.scratch.logits();
+        // Each row is sampled in place: nothing reads the logits after its row's sampling, and a
+        // copy of each row (196 KB for a 49152-token vocabulary) was the engine thread's alone.
+        let logits = self.scratch.logits_mut();
         let tok = &*self.sh.tokenizer;
         // The counters are held for the whole loop and bumped as each token is sampled, so a
         // client that has just received its Done event (sent inside `sample`) and reads them waits
@@ -819,10 +819,9 @@ impl<'a> Engine<'a> {
             let Some(seq) = slot.active.as_mut() else {
                 continue;
             };
-            self.row_logits
-                .copy_from_slice(&logits[r * n_vocab..(r + 1) * n_vocab]);
             let before = seq.n_gen();
-            let outcome = seq.sample(&mut self.row_logits, &slot.tokens, tok);
+            let row = &mut logits[r * n_vocab..(r + 1) * n_vocab];
+            let outcome = seq.sample(row, &slot.tokens, tok);
             st.generated_tokens += (seq.n_gen() - before) as u64;
             if outcome.is_over() {
                 slot.active = None;

@@ -134,6 +134,13 @@ impl Scratch {
         &self.logits[..self.out_rows.len() * n_vocab]
     }
 
+    /// [`Scratch::logits`], writable: a sampler may adjust a row in place (the next forward pass
+    /// overwrites them all).
+    pub fn logits_mut(&mut self) -> &mut [f32] {
+        let n_vocab = self.logits.len() / self.max_tokens;
+        &mut self.logits[..self.out_rows.len() * n_vocab]
+    }
+
     /// Per expert, the (token, layer) routings the forward passes through these buffers computed
     /// (MoE models; empty otherwise). Counted as a by-product of grouping tokens by expert, so
     /// reading it changes nothing that is computed. Past the last layer's attention only the rows
