@@ -50,14 +50,9 @@ const fn both(f: MatrixFn) -> Kernel {
     Kernel { one: f, many: f }
 }
 
-/// A legacy format's AVX-512 kernels over the file's rows: one token through the 256-bit kernel
-/// (EVEX-encoded VNNI), several through the 512-bit one. The 512-bit kernel transposes 16 rows a
-/// chunk, which one token does not pay back: `prefill_min`, one thread, an Intel Xeon, GB/s of
-/// weights, 512-bit against 256-bit: 1536 × 576 (in L2) Q4_0 17.1 / 19.1, Q4_1 19.8 / 23.9, Q8_0
-/// 23.1 / 31.4; 32768 × 4096 (from memory) Q4_1 10.5 / 15.2, Q8_0 8.1 / 12.3. Same bits (the
-/// quantizer never makes the activation -128 that the 256-bit kernels' `vpsignb` cannot negate).
+/// Kernels that differ between one token and several.
 #[cfg(target_arch = "x86_64")]
-const fn legacy_avx512(one: MatrixFn, many: MatrixFn) -> Kernel {
+const fn split(one: MatrixFn, many: MatrixFn) -> Kernel {
     Kernel { one, many }
 }
 
@@ -169,7 +164,14 @@ const TABLE: [TypeTraits; 17] = [
             simd: [
                 both(yl::q4_0),
                 both(yl::q4_0_vnni),
-                legacy_avx512(yl::q4_0_avx512, lanes::q4_0),
+                // A legacy format's file rows at AVX-512: one token through the 256-bit kernel
+                // (EVEX VNNI), several through the 512-bit one, whose transpose of 16 rows a chunk
+                // one token does not pay back (`prefill_min`, one thread, an Intel Xeon, GB/s,
+                // 512-bit against 256-bit: 1536 × 576 in L2 Q4_0 17.1 / 19.1, Q4_1 19.8 / 23.9,
+                // Q8_0 23.1 / 31.4; 32768 × 4096 from memory Q4_1 10.5 / 15.2, Q8_0 8.1 / 12.3).
+                // The same for the other legacy formats below. Same bits: the quantizer never
+                // makes the activation -128 that the 256-bit kernels' `vpsignb` cannot negate.
+                split(yl::q4_0_avx512, lanes::q4_0),
             ],
         }),
     },
@@ -186,7 +188,7 @@ const TABLE: [TypeTraits; 17] = [
             simd: [
                 both(yl::q4_1),
                 both(yl::q4_1_vnni),
-                legacy_avx512(yl::q4_1_avx512, lanes::q4_1),
+                split(yl::q4_1_avx512, lanes::q4_1),
             ],
         }),
     },
@@ -203,7 +205,7 @@ const TABLE: [TypeTraits; 17] = [
             simd: [
                 both(yl::q5_0),
                 both(yl::q5_0_vnni),
-                legacy_avx512(yl::q5_0_avx512, lanes::q5_0),
+                split(yl::q5_0_avx512, lanes::q5_0),
             ],
         }),
     },
@@ -220,7 +222,7 @@ const TABLE: [TypeTraits; 17] = [
             simd: [
                 both(yl::q5_1),
                 both(yl::q5_1_vnni),
-                legacy_avx512(yl::q5_1_avx512, lanes::q5_1),
+                split(yl::q5_1_avx512, lanes::q5_1),
             ],
         }),
     },
@@ -237,7 +239,7 @@ const TABLE: [TypeTraits; 17] = [
             simd: [
                 both(yl::q8_0),
                 both(yl::q8_0_vnni),
-                legacy_avx512(yl::q8_0_avx512, lanes::q8_0),
+                split(yl::q8_0_avx512, lanes::q8_0),
             ],
         }),
     },
@@ -275,13 +277,10 @@ const TABLE: [TypeTraits; 17] = [
             simd: [
                 both(yk::q3_k),
                 both(yk::q3_k_vnni),
-                Kernel {
-                    // One token: the AVX2 build (`vpmaddubsw`), 11.4 against 9.2 GB/s in L2 and
-                    // 9.3 against 7.6 from memory for the AVX-512 VNNI one, one thread, an Intel
-                    // Xeon; the same bits.
-                    one: yk::q3_k,
-                    many: yk::q3_k_avx512,
-                },
+                // One token: the AVX2 build (`vpmaddubsw`), 11.4 against 9.2 GB/s in L2 and 9.3
+                // against 7.6 from memory for the AVX-512 VNNI one, one thread, an Intel Xeon; the
+                // same bits.
+                split(yk::q3_k, yk::q3_k_avx512),
             ],
         }),
     },
@@ -384,7 +383,7 @@ const TABLE: [TypeTraits; 17] = [
             simd: [
                 both(yl::iq4_nl),
                 both(yl::iq4_nl_vnni),
-                legacy_avx512(yl::iq4_nl_avx512, lanes::iq4_nl),
+                split(yl::iq4_nl_avx512, lanes::iq4_nl),
             ],
         }),
     },
