@@ -381,7 +381,7 @@ impl Model {
                 pool.for_rows(
                     &mut buf[..n * width],
                     width,
-                    rows_per_task(pool, n),
+                    rows_per_task(pool, n, width),
                     &|rows, _| {
                         rows.chunks_exact_mut(hd)
                             .for_each(|h| rms_norm(h, w, c.rms_eps))
@@ -399,7 +399,7 @@ impl Model {
             pool.for_rows(
                 &mut buf[..n * width],
                 width,
-                rows_per_task(pool, n),
+                rows_per_task(pool, n, width),
                 &|rows, r0| {
                     for (i, row) in rows.chunks_exact_mut(width).enumerate() {
                         let t = r0 + i;
@@ -709,7 +709,7 @@ impl Model {
         pool.for_rows(
             &mut s.proj[..n * d],
             d,
-            rows_per_task(pool, n),
+            rows_per_task(pool, n, d),
             &|rows, r0| {
                 for (i, out) in rows.chunks_exact_mut(d).enumerate() {
                     let t = r0 + i;
@@ -766,29 +766,45 @@ fn hint(pool: &ThreadPool, n: usize, ranges: &[&[u8]]) {
 /// [`fwht`] of every `chunk` elements of `rows` (`[n, width]`), rows spread over the threads.
 fn rotate_rows(pool: &ThreadPool, rows: &mut [f32], width: usize, chunk: usize) {
     let n = rows.len() / width;
-    pool.for_rows(rows, width, rows_per_task(pool, n), &|rows, _| {
+    pool.for_rows(rows, width, rows_per_task(pool, n, width), &|rows, _| {
         fwht(rows, chunk)
     });
 }
 
-/// Rows per task for a row-wise pass over `n` rows: about four tasks per thread (one task, run
-/// in place, for a single row).
-fn rows_per_task(pool: &ThreadPool, n: usize) -> usize {
+/// Elements of a row-wise pass up to which it is one task, run in place on the calling thread
+/// (as the quantization of activations, `matmul::INLINE_ELEMENTS`).
+///
+/// A pass costs a hand-off and a wait for the slowest thread, a few microseconds on two cores,
+/// more than the norm, RoPE or residual add of a few rows. A server step of 8 sequences ran 14
+/// passes a layer, 9 of them over 8 rows (norms, RoPE, residual adds, quantizations); done in
+/// place (5 passes a layer), `hearth bench SmolLM2 -p 0 -n 64 --parallel 8 -d 16`, AVX-512, two
+/// sets of 8 alternating pairs on a noisy host: medians 531 -> 562 and 522 -> 531 t/s.
+const INLINE_ELEMENTS: usize = 16 << 10;
+
+/// Rows per task for a row-wise pass over `n` rows of `width` elements: about four tasks per
+/// thread, or one (run in place) for a pass of at most [`INLINE_ELEMENTS`].
+fn rows_per_task(pool: &ThreadPool, n: usize, width: usize) -> usize {
+    if n.saturating_mul(width) <= INLINE_ELEMENTS {
+        return n.max(1);
+    }
     n.div_ceil(4 * pool.n_threads()).max(1)
 }
 
 /// [`rms_norm_rows`], rows split over the pool's threads.
 fn norm_rows(pool: &ThreadPool, dst: &mut [f32], src: &[f32], weight: &[f32], eps: f32) {
     let d = weight.len();
-    pool.for_rows(dst, d, rows_per_task(pool, dst.len() / d), &|rows, r0| {
-        rms_norm_rows(rows, &src[r0 * d..r0 * d + rows.len()], weight, eps)
-    });
+    pool.for_rows(
+        dst,
+        d,
+        rows_per_task(pool, dst.len() / d, d),
+        &|rows, r0| rms_norm_rows(rows, &src[r0 * d..r0 * d + rows.len()], weight, eps),
+    );
 }
 
 /// RMSNorm of every row of `x` in place (rows of `weight.len()`), rows split over the pool's threads.
 fn norm_rows_in_place(pool: &ThreadPool, x: &mut [f32], weight: &[f32], eps: f32) {
     let d = weight.len();
-    pool.for_rows(x, d, rows_per_task(pool, x.len() / d), &|rows, _| {
+    pool.for_rows(x, d, rows_per_task(pool, x.len() / d, d), &|rows, _| {
         rows.chunks_exact_mut(d)
             .for_each(|row| rms_norm(row, weight, eps))
     });
@@ -796,7 +812,7 @@ fn norm_rows_in_place(pool: &ThreadPool, x: &mut [f32], weight: &[f32], eps: f32
 
 /// `x[t] += y[t]` for every row `t` of width `d`, rows split over the pool's threads.
 fn add_rows(pool: &ThreadPool, x: &mut [f32], y: &[f32], d: usize) {
-    pool.for_rows(x, d, rows_per_task(pool, y.len() / d), &|rows, r0| {
+    pool.for_rows(x, d, rows_per_task(pool, y.len() / d, d), &|rows, r0| {
         add_assign(rows, &y[r0 * d..r0 * d + rows.len()])
     });
 }

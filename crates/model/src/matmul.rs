@@ -90,7 +90,7 @@ impl QuantActs {
         pool.for_rows(
             &mut self.data[..n_rows * row_bytes],
             row_bytes,
-            quantize_rows_per_task(n_rows, pool.n_threads()),
+            quantize_rows_per_task(n_rows, cols, pool.n_threads()),
             &|rows, r0| {
                 for (i, dst) in rows.chunks_exact_mut(row_bytes).enumerate() {
                     let r = r0 + i;
@@ -128,7 +128,7 @@ impl QuantActs {
         pool.for_rows(
             &mut self.data[..rows.len() * row_bytes],
             row_bytes,
-            quantize_rows_per_task(rows.len(), pool.n_threads()),
+            quantize_rows_per_task(rows.len(), src.cols, pool.n_threads()),
             &|dst, r0| {
                 for (i, d) in dst.chunks_exact_mut(row_bytes).enumerate() {
                     d.copy_from_slice(src.row(rows[r0 + i] as usize));
@@ -202,11 +202,20 @@ impl Group {
 /// Activation rows quantized per task, at most.
 const QUANTIZE_ROWS_PER_TASK: usize = 8;
 
-/// Rows per task of quantizing `n_rows` activation rows: [`QUANTIZE_ROWS_PER_TASK`], or fewer so
-/// that every thread gets a share. A server step decodes one row per sequence: with 8 sequences
-/// the 8 rows were one task, run by the caller while the other threads waited (`q8_1_row` was
-/// 2.3% of a profile of `hearth serve` under 8 streams, all of it on one thread).
-fn quantize_rows_per_task(n_rows: usize, threads: usize) -> usize {
+/// Elements up to which quantizing (or gathering) activation rows is one task, run in place on
+/// the calling thread: a pass's hand-off and wait cost more than the work (see
+/// `forward::INLINE_ELEMENTS`). A server step of 8 sequences of SmolLM2 quantizes 8 rows of 576
+/// or 1536 before each product: one task each. (Split over the threads, `q8_1_row` left the
+/// profile's engine thread, but the passes cost more than it saved.)
+const INLINE_ELEMENTS: usize = 16 << 10;
+
+/// Rows per task of quantizing `n_rows` activation rows of `cols` elements: one task for at most
+/// [`INLINE_ELEMENTS`], else [`QUANTIZE_ROWS_PER_TASK`] or fewer so that every thread gets a
+/// share.
+fn quantize_rows_per_task(n_rows: usize, cols: usize, threads: usize) -> usize {
+    if n_rows.saturating_mul(cols) <= INLINE_ELEMENTS {
+        return n_rows.max(1);
+    }
     n_rows
         .div_ceil(threads.max(1))
         .clamp(1, QUANTIZE_ROWS_PER_TASK)
