@@ -332,6 +332,11 @@ impl Model {
         // The keys and values of the block the (first) row writes and reads, for the K/V store
         // and the attention after this pass (checked to exist by `check_batch`).
         hint(pool, n, &kv.block_bytes_at(b.seq[0], l, b.pos[0]));
+        if n > HINT_TOKENS && n <= STORE_PREFETCH_ROWS {
+            for t in 0..n {
+                kv.prefetch_store(b.seq[t], l, b.pos[t]);
+            }
+        }
         let all = [Group::all(n)];
         shared_input_products(
             pool,
@@ -750,6 +755,10 @@ fn fusable(gate: &Weight, up: &Weight) -> bool {
 /// Rows per batch up to which a pass hints the weights of the next one to the pool
 /// ([`ThreadPool::prefetch_after`]): decode, whose passes stream their weights from memory.
 const HINT_TOKENS: usize = 1;
+
+/// Rows per batch up to which the lines their K/V stores write are prefetched before the Q/K/V
+/// pass ([`KvCache::prefetch_store`]): a server step of several sequences.
+const STORE_PREFETCH_ROWS: usize = 16;
 
 /// Bytes of a hint per thread: a share of the next weights that the L2 cache holds beside what
 /// the pass in between reads.

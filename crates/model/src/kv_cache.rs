@@ -267,6 +267,52 @@ impl Store {
         }
     }
 
+    /// Asks for the cache lines that [`Store::write`] of row `row` stores into (a hint: nothing
+    /// is read or written). A key row of an f16 or f32 store touches a line per element.
+    fn prefetch_row(&self, row: usize) {
+        let line = |at: usize| {
+            let p = match &self.data {
+                Data::F16(v) => v.as_ptr().wrapping_add(at).cast::<u8>(),
+                Data::F32(v) => v.as_ptr().wrapping_add(at).cast::<u8>(),
+                Data::Quant(_, v) => v.as_ptr().wrapping_add(at),
+            };
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch::<_MM_HINT_T0>(p.cast());
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = p;
+        };
+        let elem = match &self.data {
+            Data::F16(_) => 2,
+            Data::F32(_) => 4,
+            Data::Quant(..) => 1,
+        };
+        match self.layout {
+            Layout::Runs { seg: 1 } => {
+                for j in 0..self.width {
+                    line(self.element(row, j));
+                }
+            }
+            Layout::Runs { seg } => {
+                for h in 0..self.width / seg {
+                    let at = self.element(row, h * seg);
+                    for o in (0..seg).step_by(64 / elem) {
+                        line(at + o);
+                    }
+                }
+            }
+            Layout::Rows => {
+                let (at, unit) = (row * self.unit(), self.unit());
+                for o in (0..unit).step_by(64) {
+                    line(at + o);
+                }
+            }
+        }
+    }
+
     /// Rows `row..row + count` (a whole run of [`BLOCK`] rows from its first if stored in runs).
     fn rows(&self, row: usize, count: usize) -> Rows<'_> {
         let (at, len) = (row * self.unit(), count * self.unit());
@@ -541,6 +587,18 @@ impl KvCache {
         self.v.write(i, v);
     }
 
+    /// Asks for the cache lines that [`KvCache::store`] of this position will write, ahead of it
+    /// (a hint: the stores of a key row go to a line per element, lines that left the caches
+    /// since the sequence's last step).
+    pub(crate) fn prefetch_store(&self, seq: usize, layer: usize, pos: usize) {
+        let Some(&b) = self.tables.get(seq).and_then(|t| t.get(pos / BLOCK)) else {
+            return;
+        };
+        let i = self.row_index(b as usize, layer, pos % BLOCK);
+        self.k.prefetch_row(i);
+        self.v.prefetch_row(i);
+    }
+
     /// The K and V rows (`[BLOCK, k_dim]`, `[BLOCK, v_dim]`; the keys `[k_dim, BLOCK]` in an f16
     /// or f32 cache) of the `i`-th block of a sequence at a layer: positions
     /// `[i * BLOCK, (i + 1) * BLOCK)`.
@@ -625,6 +683,37 @@ fn as_f16(bits: &[u16]) -> &[f16] {
 mod tests {
     use super::*;
     use hearth_quant::Level;
+
+    #[test]
+    fn a_store_prefetch_is_only_a_hint() {
+        // Every store type, positions in and past the sequences' blocks: nothing changes, nothing
+        // panics.
+        let dims = KvDims {
+            n_kv: 2,
+            head_dim: 32,
+            head_dim_v: 32,
+        };
+        for ty in KvType::ALL {
+            let mut kv = KvCache::pool(4, 2, 4 * BLOCK, 2, dims, ty);
+            kv.table_mut(0).extend([3, 1]);
+            let k: Vec<f32> = (0..64).map(|i| i as f32 * 0.25).collect();
+            kv.store(0, 1, BLOCK + 7, &k, &k);
+            let before = kv.position_bytes(1, 1, 7);
+            for (seq, pos) in [
+                (0, 0),
+                (0, BLOCK + 7),
+                (0, 2 * BLOCK - 1),
+                (0, 2 * BLOCK),
+                (1, 0),
+                (9, 3),
+            ] {
+                for layer in 0..2 {
+                    kv.prefetch_store(seq, layer, pos);
+                }
+            }
+            assert_eq!(kv.position_bytes(1, 1, 7), before, "{}", ty.name());
+        }
+    }
 
     #[test]
     fn positions_map_through_the_table() {
