@@ -270,12 +270,14 @@ impl Store {
     /// Asks for the cache lines that [`Store::write`] of row `row` stores into (a hint: nothing
     /// is read or written). A key row of an f16 or f32 store touches a line per element.
     fn prefetch_row(&self, row: usize) {
+        // The store's first byte and the bytes per unit `element` / `unit` count in.
+        let (base, elem) = match &self.data {
+            Data::F16(v) => (v.as_ptr().cast::<u8>(), 2),
+            Data::F32(v) => (v.as_ptr().cast::<u8>(), 4),
+            Data::Quant(_, v) => (v.as_ptr(), 1),
+        };
         let line = |at: usize| {
-            let p = match &self.data {
-                Data::F16(v) => v.as_ptr().wrapping_add(at).cast::<u8>(),
-                Data::F32(v) => v.as_ptr().wrapping_add(at).cast::<u8>(),
-                Data::Quant(_, v) => v.as_ptr().wrapping_add(at),
-            };
+            let p = base.wrapping_add(at * elem);
             #[cfg(target_arch = "x86_64")]
             // SAFETY: a prefetch never faults, whatever the address.
             unsafe {
@@ -284,11 +286,6 @@ impl Store {
             }
             #[cfg(not(target_arch = "x86_64"))]
             let _ = p;
-        };
-        let elem = match &self.data {
-            Data::F16(_) => 2,
-            Data::F32(_) => 4,
-            Data::Quant(..) => 1,
         };
         match self.layout {
             Layout::Runs { seg: 1 } => {

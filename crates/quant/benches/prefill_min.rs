@@ -64,30 +64,22 @@ fn best(budget: Duration, mut f: impl FnMut()) -> Duration {
     best
 }
 
-/// An empty buffer of `len` bytes' capacity advised onto transparent huge pages (Linux), as the
-/// model holds its weights (`hearth_model::memory::advise_huge_pages`): from memory, a kernel on 4
-/// KiB pages also pays a TLB miss every 4 KiB, which decode does not (65536 x 2048, one thread,
-/// AVX-512, 8 tokens of interleaved Q4_1: 79-87 -> 97 G multiply-adds/s).
-fn huge_pages(len: usize) -> Vec<u8> {
-    let v = Vec::with_capacity(len);
+/// `bytes` in anonymous memory advised onto transparent huge pages (Linux), as the model reads its
+/// weights (`hearth_gguf::Gguf::open_resident`): from memory, a kernel on 4 KiB pages also pays a
+/// TLB miss every 4 KiB, which decode does not (65536 x 2048, one thread, AVX-512, 8 tokens of
+/// interleaved Q4_1: 79-87 -> 97 G multiply-adds/s).
+fn on_huge_pages(bytes: impl Iterator<Item = u8>, len: usize) -> memmap2::MmapMut {
+    let mut m = memmap2::MmapOptions::new()
+        .len(len)
+        .map_anon()
+        .expect("an anonymous map for the weights");
+    // Advice only: a kernel without transparent huge pages refuses it.
     #[cfg(target_os = "linux")]
-    {
-        const PAGE: usize = 4096;
-        let start = v.as_ptr() as usize;
-        let (first, last) = (start.next_multiple_of(PAGE), (start + len) / PAGE * PAGE);
-        if first < last {
-            // SAFETY: advice on whole pages of the buffer's own allocation (nothing read or
-            // written); a kernel without THP refusing it is fine.
-            unsafe {
-                libc::madvise(
-                    first as *mut libc::c_void,
-                    last - first,
-                    libc::MADV_HUGEPAGE,
-                )
-            };
-        }
+    let _ = m.advise(memmap2::Advice::HugePage);
+    for (d, x) in m.iter_mut().zip(bytes) {
+        *d = x;
     }
-    v
+    m
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -166,8 +158,8 @@ fn main() {
         let x: Vec<f32> = (0..distinct * cols).map(|_| rng.normal() * 0.05).collect();
         let mut block = vec![0u8; ty.row_bytes((distinct * cols) as u64).unwrap() as usize];
         quantize_row_at(Level::Scalar, ty, &x, &mut block).unwrap();
-        let mut w = huge_pages(block.len() / distinct * rows);
-        w.extend(block.iter().copied().cycle().take(w.capacity()));
+        let len = block.len() / distinct * rows;
+        let w = on_huge_pages(block.iter().copied().cycle(), len);
         let aty = vec_dot_type(ty);
         let arow = aty.row_bytes(cols as u64).unwrap() as usize;
         let mut a = vec![0u8; arow * tok];
@@ -176,8 +168,7 @@ fn main() {
             quantize_row_at(Level::Scalar, aty, &x, &mut a[t * arow..(t + 1) * arow]).unwrap();
         }
         let mut out = vec![0f32; rows * tok];
-        let mut wi = huge_pages(w.len());
-        wi.extend_from_slice(&w);
+        let mut wi = on_huge_pages(w.iter().copied(), w.len());
         let int = can_interleave(ty, rows, cols) && interleave(ty, cols, &mut wi);
         let runs = [
             ("prefill", tok, false),
