@@ -3,7 +3,7 @@
 //! A block of 16 weight rows is unpacked once per chunk of K (loaded row by row and transposed in
 //! registers, so row `r` sits in lane `r`) into 8-bit quants laid out dword by dword: register `k` holds quants `4k..4k + 4` of every row.
 //! Each activation dword is then broadcast to all lanes and `vpdpbusd` adds the 16 rows' partial
-//! sums at once; up to 4 tokens share every loaded weight register and every token shares the
+//! sums at once; up to 8 tokens share every loaded weight register and every token shares the
 //! unpacking. Per block the f32 work is one convert, one multiply and one FMA for 16 outputs, instead
 //! of the same three per output in the one-row tiles (see `avx2.rs`).
 //!
@@ -1347,12 +1347,20 @@ unsafe fn run<F: Fmt, const GROUPED: bool>(
             // per chunk. Decode streams the weights from memory and otherwise waits on the loads:
             // 1 token x 47 MB of Q4_1 went from 4.7 GB/s to ~9 (the one-row AVX2 kernel: ~11).
             //
-            // Several tokens: the chunk's share is cut again, a piece before each group of 4
-            // tokens, so that the prefetches go out among the arithmetic rather than in one burst
-            // ahead of it (8 tokens of SmolLM2 Q4_1 from memory, one thread: 78-83 G
-            // multiply-adds/s in one burst, 84-86 in pieces; Q8_0 53 against 59; the 12-layer MoE's
-            // pp512 305 against 318 t/s, 8 sequences' decode of SmolLM2 707 against 746, medians of
-            // alternating runs).
+            // Several tokens: the chunk's share is cut again, a piece per 4 tokens, so that the
+            // prefetches go out among the arithmetic rather than in one burst ahead of it (8
+            // tokens of SmolLM2 Q4_1 from memory, one thread: 78-83 G multiply-adds/s in one
+            // burst, 84-86 in pieces; Q8_0 53 against 59; the 12-layer MoE's pp512 305 against
+            // 318 t/s, 8 sequences' decode of SmolLM2 707 against 746, medians of alternating
+            // runs). A group of 8 tokens sends half its pieces before it and half after.
+            //
+            // Tokens go 8 at a time through one group (then 4, then the rest): each unpacked
+            // weight register serves twice the tokens of a group of 4, with 8 independent
+            // `vpdpbusd` chains. On a Zen 5, one thread, 1536 x 576 in L2, 8 tokens: Q4_1 groups
+            // 211-221 -> 230-237 G multiply-adds/s, Q8_0 196-202 -> 211-212; 64 tokens Q4_1
+            // 238-240 -> 251-257; Q4_K / Q6_K (1536 x 2048) 236-240 / 214-220 -> 245-248 /
+            // 224-230. `hearth bench SmolLM2 -p 0 -n 64 --parallel 8 -d 16`, 6 alternating pairs,
+            // 5 faster: median 1282 -> 1320 t/s.
             let span = LANES * w.stride;
             let share = span.div_ceil(n_chunks).next_multiple_of(64);
             let from = c0 / F::CHUNK * share;
@@ -1385,15 +1393,24 @@ unsafe fn run<F: Fmt, const GROUPED: bool>(
             };
             let mut j = 0;
             while j < nt {
-                let f = from + j / 4 * piece;
-                prefetch_l2(next, f, (f + piece).min(to));
-                match nt - j {
+                let t = match nt - j {
+                    1..=3 => nt - j,
+                    4..=7 => 4,
+                    _ => 8,
+                };
+                let f = (from + j / 4 * piece).min(to);
+                let e = (from + (j + t).div_ceil(4) * piece).min(to);
+                let mid = (f + (e - f) / 2).next_multiple_of(64).min(e);
+                prefetch_l2(next, f, mid);
+                match t {
                     1 => group::<F, 1>(p, cn, c0, &a, qc, j, acc, accm),
                     2 => group::<F, 2>(p, cn, c0, &a, qc, j, acc, accm),
                     3 => group::<F, 3>(p, cn, c0, &a, qc, j, acc, accm),
-                    _ => group::<F, 4>(p, cn, c0, &a, qc, j, acc, accm),
+                    4 => group::<F, 4>(p, cn, c0, &a, qc, j, acc, accm),
+                    _ => group::<F, 8>(p, cn, c0, &a, qc, j, acc, accm),
                 }
-                j += 4;
+                prefetch_l2(next, mid, e);
+                j += t;
             }
             c0 += cn;
         }
