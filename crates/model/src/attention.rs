@@ -46,6 +46,9 @@ use crate::threads::{SharedMut, ThreadPool};
 /// Key positions per block (the score vector of one query against one block): one KV pool block.
 pub(crate) const KEYS: usize = BLOCK;
 
+/// A block's row of `KEYS` floats before it is written.
+type Uninit = std::mem::MaybeUninit<[f32; KEYS]>;
+
 /// Queries (rows × the query heads of a KV head) a task aims at: each block's keys and values are
 /// converted once per task, so a task of few queries spends its time converting (SmolLM2's 3 heads
 /// per KV head in 16 rows: 12% of a prefill at depth 4096 was that conversion). 256 rather than
@@ -1270,10 +1273,12 @@ trait Soft {
     /// `p[k] = exp(s[k] - m)` for the live keys `ks..kc`, 0 for the others, and the block's sum
     /// of `p`: 16 lanes summed over the key chunks of 16 in order (`lane[l] = ((0 + p[l]) +
     /// p[16 + l]) + ...`), then halved pairwise (`lane[j] += lane[j + w]` for `w` = 8, 4, 2, 1).
+    /// Every lane of `p` is written, so it may come uninitialised (the block kernel's weights are
+    /// not zeroed first: a `memset` per call that was ~1% of a prefill at depth).
     ///
     /// # Safety
     /// As [`Soft::scale_max`].
-    unsafe fn exp_sum(s: &[f32; KEYS], ks: usize, kc: usize, m: f32, p: &mut [f32; KEYS]) -> f32;
+    unsafe fn exp_sum(s: &[f32; KEYS], ks: usize, kc: usize, m: f32, p: &mut Uninit) -> f32;
     /// `x` widened to f32 (exact).
     ///
     /// # Safety
@@ -1282,7 +1287,9 @@ trait Soft {
     /// All `KEYS` lanes of the block's raw scores of `N` queries into `s`, which holds zeros on
     /// entry (the chains of the generic steps, lane by lane over the head dimension in order,
     /// each starting at zero; the lanes of dead keys too), a prefetch step every [`Prefetch::EVERY`] positions of each group
-    /// of lanes. `false` (nothing done) where the level leaves them to the generic steps.
+    /// of lanes. `false` (nothing done) where the level leaves them to the generic steps. The
+    /// block kernel asks only for three queries (the AVX2 level's one case): it zeroes the scores
+    /// for those alone.
     ///
     /// # Safety
     /// As [`Soft::scale_max`]; `kt` holds `hd * KEYS` keys, `hd` the queries' length.
@@ -1359,14 +1366,18 @@ impl Soft for ScalarSoft {
     }
 
     #[inline(always)]
-    unsafe fn exp_sum(s: &[f32; KEYS], ks: usize, kc: usize, m: f32, p: &mut [f32; KEYS]) -> f32 {
-        for k in 0..KEYS {
-            p[k] = if (ks..kc).contains(&k) {
-                exp(s[k] - m)
+    unsafe fn exp_sum(s: &[f32; KEYS], ks: usize, kc: usize, m: f32, p: &mut Uninit) -> f32 {
+        for (k, &sk) in s.iter().enumerate() {
+            let x = if (ks..kc).contains(&k) {
+                exp(sk - m)
             } else {
                 0.0
             };
+            // SAFETY: `k < KEYS`, within the row.
+            unsafe { p.as_mut_ptr().cast::<f32>().add(k).write(x) };
         }
+        // SAFETY: every lane was written above.
+        let p = unsafe { p.assume_init_ref() };
         let mut lanes = [0f32; 16];
         for c in 0..KEYS / 16 {
             for (l, x) in lanes.iter_mut().zip(&p[16 * c..16 * c + 16]) {
@@ -1429,8 +1440,10 @@ impl Soft for Avx512Soft {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-    unsafe fn exp_sum(s: &[f32; KEYS], ks: usize, kc: usize, m: f32, p: &mut [f32; KEYS]) -> f32 {
+    unsafe fn exp_sum(s: &[f32; KEYS], ks: usize, kc: usize, m: f32, p: &mut Uninit) -> f32 {
         use std::arch::x86_64::*;
+        // Every chunk below is stored, live or not.
+        let p = p.as_mut_ptr().cast::<f32>();
         let mv = _mm512_set1_ps(m);
         // The 16 lanes' sums; adding a dead chunk's zeros changes nothing (the sums are >= +0).
         let mut acc = _mm512_setzero_ps();
@@ -1439,7 +1452,7 @@ impl Soft for Avx512Soft {
             for c in 0..KEYS / 16 {
                 let x = _mm512_sub_ps(_mm512_loadu_ps(s.as_ptr().add(16 * c)), mv);
                 let e = exp16(x);
-                _mm512_storeu_ps(p.as_mut_ptr().add(16 * c), e);
+                _mm512_storeu_ps(p.add(16 * c), e);
                 acc = _mm512_add_ps(acc, e);
             }
             return halve16(acc);
@@ -1449,7 +1462,7 @@ impl Soft for Avx512Soft {
                 ks.saturating_sub(16 * c).min(16),
                 kc.saturating_sub(16 * c).min(16),
             );
-            let ptr = p.as_mut_ptr().add(16 * c);
+            let ptr = p.add(16 * c);
             if lo == hi {
                 _mm512_storeu_ps(ptr, _mm512_setzero_ps());
                 continue;
@@ -1531,8 +1544,10 @@ impl Soft for Avx2Soft {
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn exp_sum(s: &[f32; KEYS], ks: usize, kc: usize, m: f32, p: &mut [f32; KEYS]) -> f32 {
+    unsafe fn exp_sum(s: &[f32; KEYS], ks: usize, kc: usize, m: f32, p: &mut Uninit) -> f32 {
         use std::arch::x86_64::*;
+        // Every chunk below is stored, live or not.
+        let p = p.as_mut_ptr().cast::<f32>();
         let mv = _mm256_set1_ps(m);
         // Lanes 0..8 and 8..16 of the 16 lanes' sums.
         let mut acc = [_mm256_setzero_ps(); 2];
@@ -1542,8 +1557,8 @@ impl Soft for Avx2Soft {
                 let x0 = _mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(16 * c)), mv);
                 let x1 = _mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(16 * c + 8)), mv);
                 let (e0, e1) = (exp8(x0), exp8(x1));
-                _mm256_storeu_ps(p.as_mut_ptr().add(16 * c), e0);
-                _mm256_storeu_ps(p.as_mut_ptr().add(16 * c + 8), e1);
+                _mm256_storeu_ps(p.add(16 * c), e0);
+                _mm256_storeu_ps(p.add(16 * c + 8), e1);
                 acc[0] = _mm256_add_ps(acc[0], e0);
                 acc[1] = _mm256_add_ps(acc[1], e1);
             }
@@ -1554,7 +1569,7 @@ impl Soft for Avx2Soft {
                 ks.saturating_sub(8 * c).min(8),
                 kc.saturating_sub(8 * c).min(8),
             );
-            let ptr = p.as_mut_ptr().add(8 * c);
+            let ptr = p.add(8 * c);
             if lo == hi {
                 _mm256_storeu_ps(ptr, _mm256_setzero_ps());
                 continue;
@@ -2021,7 +2036,12 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
     let (vx, vs) = (vals.x, vals.stride);
     assert!(ks < kc && kc <= KEYS && vs >= hdv && vx.len() >= (kc - 1) * vs + hdv);
     assert!(state.iter().all(|st| st.len() == hdv + 2));
-    let mut s = [[0f32; KEYS]; N];
+    // The queries' raw scores, row `n` at `rows + n * KEYS`. Not zeroed up front (a `memset` per
+    // call, ~1% of a prefill at depth): every lane is written before `s` is read, by the copy of
+    // given scores, by the three-query AVX2 score block (which adds to zeros), or by the chains
+    // of a live group of `KS` lanes and zeros for the dead ones.
+    let mut s_rows = [const { Uninit::uninit() }; N];
+    let rows = s_rows.as_mut_ptr().cast::<f32>();
     // The next block's lines, a share per step of the key chains and of the value chains.
     let src_pf = match src {
         Scores::Keys { pf, .. } => pf,
@@ -2033,13 +2053,34 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
             let hd = q[0].len();
             assert!(kt.len() == hd * KEYS && q.iter().all(|q| q.len() == hd));
             const { assert!(KEYS.is_multiple_of(KS)) };
-            // SAFETY: `kt` and `q` have the lengths asserted above, `s` is zeros; `S` is the
-            // caller's level.
-            let done = unsafe { S::score_block::<N, E>(kt, &q, &mut s, &mut pf) };
+            // Only the AVX2 level has a score block, for three queries; it adds to zeros.
+            let zeroed = N == 3;
+            let done = zeroed && {
+                for n in 0..N {
+                    // SAFETY: row `n < N` of `s_rows`.
+                    unsafe { rows.add(n * KEYS).cast::<[f32; KEYS]>().write([0.0; KEYS]) };
+                }
+                // SAFETY: every lane was just written; `kt` and `q` have the lengths asserted
+                // above; `S` is the caller's level.
+                unsafe {
+                    let s = &mut *rows.cast::<[[f32; KEYS]; N]>();
+                    S::score_block::<N, E>(kt, &q, s, &mut pf)
+                }
+            };
             // For each key lane, one FMA chain over the head dimension in order; the groups of
-            // `KS` lanes with no live key are skipped (their scores are never read).
+            // `KS` lanes with no live key are not computed (their scores are never read) and
+            // hold zeros.
             if !done {
-                for kb in (ks / KS * KS..kc).step_by(KS) {
+                for kb in (0..KEYS).step_by(KS) {
+                    if kb + KS <= ks || kb >= kc {
+                        if !zeroed {
+                            for n in 0..N {
+                                // SAFETY: lanes `kb..kb + KS <= KEYS` of row `n < N`.
+                                unsafe { std::ptr::write_bytes(rows.add(n * KEYS + kb), 0, KS) };
+                            }
+                        }
+                        continue;
+                    }
                     // A local array the compiler keeps in registers through the chain.
                     let mut acc = [[0f32; KS]; N];
                     // The prefetch step and the bounds once per `EVERY` positions, not per
@@ -2071,19 +2112,25 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
                             unsafe { chain_step::<N, E, S, KS>(kt, &q, kb, d, &mut acc) };
                         }
                     }
-                    for n in 0..N {
-                        s[n][kb..kb + KS].copy_from_slice(&acc[n]);
+                    for (n, acc) in acc.iter().enumerate() {
+                        // SAFETY: lanes `kb..kb + KS <= KEYS` of row `n < N`.
+                        unsafe { rows.add(n * KEYS + kb).cast::<[f32; KS]>().write(*acc) };
                     }
                 }
             }
         }
         Scores::Given(g) => {
-            for (s, g) in s.iter_mut().zip(g) {
-                *s = *g;
+            for (n, g) in g.iter().enumerate() {
+                // SAFETY: row `n < N` of `s_rows`.
+                unsafe { rows.add(n * KEYS).cast::<[f32; KEYS]>().write(**g) };
             }
         }
     }
-    let mut p = [[0f32; KEYS]; N];
+    // SAFETY: every lane of every row is written above (`MaybeUninit<[f32; KEYS]>` has the
+    // layout of `[f32; KEYS]`).
+    let s = unsafe { &mut *rows.cast::<[[f32; KEYS]; N]>() };
+    // The block's weights, every lane written by `exp_sum` before they are read.
+    let mut p_rows = [const { Uninit::uninit() }; N];
     let mut alpha = [0f32; N];
     for n in 0..N {
         // SAFETY: `S` is the caller's kernel level, which the CPU has.
@@ -2095,15 +2142,17 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
         // SAFETY: as above.
         // The block's sum in lanes (a serial sum over the keys was one add latency per key).
         // SAFETY: as above.
-        let bsum = unsafe { S::exp_sum(&s[n], ks, kc, m_new, &mut p[n]) };
+        let bsum = unsafe { S::exp_sum(&s[n], ks, kc, m_new, &mut p_rows[n]) };
         let st = &mut *state[n];
         st[hdv] = m_new;
         st[hdv + 1] = sum.mul_add(alpha[n], bsum);
     }
+    // SAFETY: `exp_sum` wrote every lane of every row.
+    let p = unsafe { &*p_rows.as_ptr().cast::<[[f32; KEYS]; N]>() };
     // o = o * alpha + Σ_k p_k v_k, each element's chain over the keys in order.
     // SAFETY: every live row's `hdv` elements end by `(kc - 1) * vs + hdv`, within `vx`, and
     // each state holds `hdv + 2` (asserted above); `S` is the caller's level.
-    if unsafe { S::value_block::<N, E>(vx, vs, hdv, ks..kc, &p, &alpha, &mut state, &mut pf) } {
+    if unsafe { S::value_block::<N, E>(vx, vs, hdv, ks..kc, p, &alpha, &mut state, &mut pf) } {
         if let (Some(c), Some(pf)) = (src_pf, pf) {
             c.set(pf);
         }
@@ -2125,7 +2174,7 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
         // SAFETY: `e0 + OC <= hdv`, so every live row's chunk ends by `(kc - 1) * vs + hdv`,
         // within `vx` (asserted above); `S` is the caller's level.
         let done =
-            unsafe { S::value_chains::<N, E, OC>(&vx[e0..], vs, ks..kc, &p, &mut acc, &mut pf) };
+            unsafe { S::value_chains::<N, E, OC>(&vx[e0..], vs, ks..kc, p, &mut acc, &mut pf) };
         if !done {
             if let Some(pf) = &mut pf {
                 pf.step();
