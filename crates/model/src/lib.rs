@@ -29,6 +29,8 @@ mod model;
 mod names;
 pub mod ops;
 pub mod rope;
+#[cfg(test)]
+mod test_rng;
 mod threads;
 mod weights;
 

@@ -318,15 +318,9 @@ mod tests {
     /// a large hidden size, tails included.
     #[test]
     fn rms_scale_matches_the_sequential_sum() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
-        };
+        let mut rng = crate::test_rng::Rng(0x2545_f491_4f6c_dd1d);
         for len in (1..=64).chain([576, 577, 1536, 2048, 4095, 5120]) {
-            let x: Vec<f32> = (0..len).map(|_| next()).collect();
+            let x = rng.row(len, 4.0);
             let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
             let mean = (sum / len as f64) as f32;
             let want = 1.0 / (mean + 1e-6).sqrt();
