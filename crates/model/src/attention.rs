@@ -1284,12 +1284,11 @@ trait Soft {
     /// # Safety
     /// As [`Soft::scale_max`].
     unsafe fn f16s<const W: usize>(x: &[f16; W]) -> [f32; W];
-    /// All `KEYS` lanes of the block's raw scores of `N` queries into `s`, which holds zeros on
-    /// entry (the chains of the generic steps, lane by lane over the head dimension in order,
-    /// each starting at zero; the lanes of dead keys too), a prefetch step every [`Prefetch::EVERY`] positions of each group
-    /// of lanes. `false` (nothing done) where the level leaves them to the generic steps. The
-    /// block kernel asks only for three queries (the AVX2 level's one case): it zeroes the scores
-    /// for those alone.
+    /// All `KEYS` lanes of the block's raw scores of `N` queries into `s`, uninitialised on entry
+    /// (the chains of the generic steps, lane by lane over the head dimension in order, each
+    /// starting at zero; the lanes of dead keys too), a prefetch step every [`Prefetch::EVERY`]
+    /// positions of each group of lanes. `false` (nothing written) where the level leaves them to
+    /// the generic steps.
     ///
     /// # Safety
     /// As [`Soft::scale_max`]; `kt` holds `hd * KEYS` keys, `hd` the queries' length.
@@ -1297,7 +1296,7 @@ trait Soft {
     unsafe fn score_block<const N: usize, E: Elem>(
         _kt: &[E],
         _q: &[&[f32]; N],
-        _s: &mut [[f32; KEYS]; N],
+        _s: &mut [Uninit; N],
         _pf: &mut Option<Prefetch>,
     ) -> bool {
         false
@@ -1601,11 +1600,15 @@ impl Soft for Avx2Soft {
     unsafe fn score_block<const N: usize, E: Elem>(
         kt: &[E],
         q: &[&[f32]; N],
-        s: &mut [[f32; KEYS]; N],
+        s: &mut [Uninit; N],
         pf: &mut Option<Prefetch>,
     ) -> bool {
         if N != 3 {
             return false;
+        }
+        // The chains add to what `out` holds.
+        for row in s.iter_mut() {
+            row.write([0.0; KEYS]);
         }
         let (out, hd) = (s.as_mut_ptr().cast::<f32>(), q[0].len());
         for (at, lanes) in chunks_of_three(KEYS) {
@@ -2038,10 +2041,9 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
     assert!(state.iter().all(|st| st.len() == hdv + 2));
     // The queries' raw scores, row `n` at `rows + n * KEYS`. Not zeroed up front (a `memset` per
     // call, ~1% of a prefill at depth): every lane is written before `s` is read, by the copy of
-    // given scores, by the three-query AVX2 score block (which adds to zeros), or by the chains
-    // of a live group of `KS` lanes and zeros for the dead ones.
+    // given scores, by the level's score block, or by the chains of a live group of `KS` lanes
+    // and zeros for the dead ones.
     let mut s_rows = [const { Uninit::uninit() }; N];
-    let rows = s_rows.as_mut_ptr().cast::<f32>();
     // The next block's lines, a share per step of the key chains and of the value chains.
     let src_pf = match src {
         Scores::Keys { pf, .. } => pf,
@@ -2053,31 +2055,18 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
             let hd = q[0].len();
             assert!(kt.len() == hd * KEYS && q.iter().all(|q| q.len() == hd));
             const { assert!(KEYS.is_multiple_of(KS)) };
-            // Only the AVX2 level has a score block, for three queries; it adds to zeros.
-            let zeroed = N == 3;
-            let done = zeroed && {
-                for n in 0..N {
-                    // SAFETY: row `n < N` of `s_rows`.
-                    unsafe { rows.add(n * KEYS).cast::<[f32; KEYS]>().write([0.0; KEYS]) };
-                }
-                // SAFETY: every lane was just written; `kt` and `q` have the lengths asserted
-                // above; `S` is the caller's level.
-                unsafe {
-                    let s = &mut *rows.cast::<[[f32; KEYS]; N]>();
-                    S::score_block::<N, E>(kt, &q, s, &mut pf)
-                }
-            };
+            // SAFETY: `kt` and `q` have the lengths asserted above; `S` is the caller's level.
+            let done = unsafe { S::score_block::<N, E>(kt, &q, &mut s_rows, &mut pf) };
+            let rows = s_rows.as_mut_ptr().cast::<f32>();
             // For each key lane, one FMA chain over the head dimension in order; the groups of
             // `KS` lanes with no live key are not computed (their scores are never read) and
             // hold zeros.
             if !done {
                 for kb in (0..KEYS).step_by(KS) {
                     if kb + KS <= ks || kb >= kc {
-                        if !zeroed {
-                            for n in 0..N {
-                                // SAFETY: lanes `kb..kb + KS <= KEYS` of row `n < N`.
-                                unsafe { std::ptr::write_bytes(rows.add(n * KEYS + kb), 0, KS) };
-                            }
+                        for n in 0..N {
+                            // SAFETY: lanes `kb..kb + KS <= KEYS` of row `n < N`.
+                            unsafe { std::ptr::write_bytes(rows.add(n * KEYS + kb), 0, KS) };
                         }
                         continue;
                     }
@@ -2120,15 +2109,14 @@ fn block_body<const N: usize, E: Elem, S: Soft, const KS: usize, const OC: usize
             }
         }
         Scores::Given(g) => {
-            for (n, g) in g.iter().enumerate() {
-                // SAFETY: row `n < N` of `s_rows`.
-                unsafe { rows.add(n * KEYS).cast::<[f32; KEYS]>().write(**g) };
+            for (row, g) in s_rows.iter_mut().zip(g) {
+                row.write(*g);
             }
         }
     }
     // SAFETY: every lane of every row is written above (`MaybeUninit<[f32; KEYS]>` has the
     // layout of `[f32; KEYS]`).
-    let s = unsafe { &mut *rows.cast::<[[f32; KEYS]; N]>() };
+    let s = unsafe { &mut *s_rows.as_mut_ptr().cast::<[[f32; KEYS]; N]>() };
     // The block's weights, every lane written by `exp_sum` before they are read.
     let mut p_rows = [const { Uninit::uninit() }; N];
     let mut alpha = [0f32; N];
